@@ -1,0 +1,34 @@
+"""Task cancellation that always ends, promptly and observably, for a2a-sdk 1.x servers."""
+
+from a2a_cancelfix.checkpoints import (
+    RunCancelled,
+    cancel_requested,
+    cancellable,
+    checkpoint,
+    on_cancel,
+    shielded,
+)
+from a2a_cancelfix.executor import CancellableExecutor
+from a2a_cancelfix.handler import DefaultRequestHandler
+
+DefaultRequestHandlerV2 = DefaultRequestHandler
+
+__all__ = [
+    "CancellableExecutor",
+    "DefaultRequestHandler",
+    "DefaultRequestHandlerV2",
+    "RunCancelled",
+    "cancel_requested",
+    "cancellable",
+    "checkpoint",
+    "on_cancel",
+    "shielded",
+]
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("a2a-cancelfix")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

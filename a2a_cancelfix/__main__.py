@@ -1,0 +1,31 @@
+"""The ``a2a-cancelfix`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="a2a-cancelfix", description="Cancellation that always ends, for a2a-sdk 1.x."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser(
+        "check", help="run the cancel scenarios against the installed a2a-sdk, stock vs ours"
+    )
+    check.add_argument("--json", action="store_true", help="print the results as JSON")
+    arguments = parser.parse_args(argv)
+
+    # The scenarios provoke misbehaving executors on purpose: keep their log lines quiet.
+    logging.basicConfig(level=logging.CRITICAL)
+    from a2a_cancelfix import check as scenarios
+
+    rows = scenarios.run_all()
+    print(scenarios.as_json(rows) if arguments.json else scenarios.render(rows))
+    return 0 if all(row.holds for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The one place that touches a2a-sdk internals.
+
+Every private name is reached through a small function named for what it does, probed once
+at import, with the SDK releases it was seen in. Dropping support for an old release means
+editing this module only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from a2a.server.agent_execution import active_task as _active_task_module
+from a2a.server.agent_execution.active_task import ActiveTask
+from a2a.server.events.event_queue import QueueShutDown
+from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.types import Task, TaskState
+
+if TYPE_CHECKING:
+    from a2a.server.context import ServerCallContext
+    from a2a.server.events.event_queue import EventQueue
+
+logger = logging.getLogger("a2a_cancelfix")
+
+__all__ = ["QueueShutDown"]
+
+SDK_VERSION = importlib.metadata.version("a2a-sdk")
+
+# Both sets are module constants of active_task.py in 1.0.0-1.3.0.
+TERMINAL_STATES: frozenset[int] = frozenset(_active_task_module.TERMINAL_TASK_STATES)
+PARKED_STATES: frozenset[int] = frozenset(_active_task_module.INTERRUPTED_TASK_STATES)
+CANCELED = TaskState.TASK_STATE_CANCELED
+
+# ActiveTask attributes we read, all assigned in ActiveTask.__init__ in 1.0.0-1.3.0.
+_ACTIVE_TASK_ATTRIBUTES = (
+    "_is_finished",
+    "_producer_task",
+    "_consumer_task",
+    "_event_queue_agent",
+    "_request_queue",
+    "_lock",
+)
+
+
+def _probe() -> list[str]:
+    missing = [
+        name
+        for name in _ACTIVE_TASK_ATTRIBUTES
+        if name not in ActiveTask.__init__.__code__.co_names
+    ]
+    # The handler's registry of live runs: 1.0.0-1.3.0.
+    if "_active_task_registry" not in DefaultRequestHandlerV2.__init__.__code__.co_names:
+        missing.append("DefaultRequestHandlerV2._active_task_registry")
+    return missing
+
+
+MISSING = _probe()
+SUPPORTED = not MISSING
+
+# The SDK writes CANCELED itself for a task with no live run here (1.2.0+, `_cancel_remote`).
+SDK_CANCELS_WHERE_NOT_LIVE = hasattr(DefaultRequestHandlerV2, "_cancel_remote")
+
+_warned = False
+
+
+def warn_if_unsupported() -> None:
+    """Warn once that this a2a-sdk release lacks what the full fix needs."""
+    global _warned
+    if SUPPORTED or _warned:
+        return
+    _warned = True
+    message = (
+        f"a2a-cancelfix does not know a2a-sdk {SDK_VERSION} (missing {', '.join(MISSING)}): "
+        "cancels fall back to the SDK's own path, bounded by the grace period and owner-checked. "
+        "Run `a2a-cancelfix check` to see what this release still needs."
+    )
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    logger.warning(message)
+
+
+async def live_task(handler: DefaultRequestHandlerV2, task_id: str) -> ActiveTask | None:
+    """Return the run of ``task_id`` live in this process, if any."""
+    if not SUPPORTED:
+        return None
+    # ActiveTaskRegistry.get(task_id): async, does not create; 1.0.0-1.3.0.
+    active = await handler._active_task_registry.get(task_id)
+    if active is None or active._is_finished.is_set():
+        return None
+    return active
+
+
+async def read_task(
+    handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext
+) -> Task | None:
+    """Read a task as the caller may see it (owner-scoped), or None."""
+    # A VersionedTaskStore answers with a StoredTask wrapper: 1.2.0+.
+    store = getattr(handler, "_versioned_store", None)
+    if store is not None:
+        stored = await store.get(task_id, context)
+        return None if stored is None else stored.task
+    return await handler.task_store.get(task_id, context)
+
+
+def agent_queue(active: ActiveTask) -> EventQueue:
+    """The run's event queue; what goes in is saved, streamed and pushed by the SDK."""
+    return active._event_queue_agent  # 1.0.0-1.3.0
+
+
+def is_finished(active: ActiveTask) -> bool:
+    return active._is_finished.is_set()  # 1.0.0-1.3.0
+
+
+async def wait_finished(active: ActiveTask, timeout: float) -> bool:
+    """Wait until the SDK recorded a terminal state for the run (or it died)."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(active._is_finished.wait(), max(timeout, 0))
+    return active._is_finished.is_set()
+
+
+async def stop_producer(active: ActiveTask, timeout: float) -> bool:
+    """Let the producer finish (it closes the queues, which ends the streams); cancel it late."""
+    producer = active._producer_task  # 1.0.0-1.3.0
+    if producer is None or producer.done():
+        return True
+    await asyncio.wait({producer}, timeout=max(timeout, 0) / 2)
+    if not producer.done():
+        producer.cancel()
+        await asyncio.wait({producer}, timeout=max(timeout, 0) / 2)
+    return producer.done()
+
+
+async def wait_consumer(active: ActiveTask, timeout: float) -> bool:
+    consumer = active._consumer_task  # 1.0.0-1.3.0
+    if consumer is None or consumer.done():
+        return True
+    await asyncio.wait({consumer}, timeout=max(timeout, 0))
+    return consumer.done()
+
+
+async def force_close(active: ActiveTask) -> None:
+    """Tear a run down without its cooperation: queues closed, tasks cancelled, registry freed."""
+    aclose = getattr(active, "aclose", None)  # ActiveTask.aclose: 1.1.2+
+    if aclose is not None:
+        await aclose()
+    else:  # 1.0.0-1.1.1: the same steps by hand.
+        active._request_queue.shutdown(immediate=True)
+        await active._event_queue_agent.close(immediate=True)
+        await active._event_queue_subscribers.close(immediate=True)
+        active._is_finished.set()
+        for task in (active._producer_task, active._consumer_task):
+            if task is not None:
+                task.cancel()
+    # The registry drops a finished run once its last subscriber leaves: 1.0.0-1.3.0.
+    with contextlib.suppress(Exception):
+        await active._maybe_cleanup()
+
+
+async def write_canceled(
+    handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext
+) -> Task | None:
+    """Record CANCELED in the store, bypassing any run; return the task as it ends up.
+
+    Only the store sees this write: no stream, no push. It is the path for a task with no
+    live run here, and the last resort when a run never recorded its terminal state.
+    """
+    versioned = getattr(handler, "_versioned_store", None)  # 1.2.0+
+    if versioned is not None:
+        stored = await versioned.get(task_id, context)
+        if stored is None or stored.task.status.state in TERMINAL_STATES:
+            return None if stored is None else stored.task
+        # The SDK's own versioned CANCELED write (publishes to its event stream): 1.2.0+.
+        return await handler._cancel_remote(task_id, stored.task, stored.version, context)
+    task = await handler.task_store.get(task_id, context)
+    if task is None or task.status.state in TERMINAL_STATES:
+        return task
+    canceled = Task()
+    canceled.CopyFrom(task)
+    canceled.status.state = CANCELED
+    await handler.task_store.save(canceled, context)
+    return canceled

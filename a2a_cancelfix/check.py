@@ -1,0 +1,673 @@
+"""`a2a-cancelfix check`: run the cancel scenarios on the installed a2a-sdk, stock vs ours.
+
+Every scenario runs in an event loop of its own, against a fresh handler and store, and is
+bounded: a stock handler that never answers shows as HANG and never blocks the command.
+The test suite runs the same scenarios, so this table is what the tests show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from a2a.auth.user import User
+from a2a.helpers import new_task
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+    TaskStore,
+    TaskUpdater,
+)
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskPushNotificationConfig,
+    TaskState,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import A2AError
+
+from a2a_cancelfix._sdk import SDK_VERSION
+from a2a_cancelfix.handler import DefaultRequestHandler
+
+GRACE = 0.3
+"""The grace period the scenarios give our handler."""
+BOUND = 2.5
+"""A scenario still running after this many seconds is reported as HANG."""
+IO_LATENCY = 0.05
+"""How long the I/O of an executor's ``cancel()`` takes, in seconds."""
+
+HANDLERS = ("stock", "ours")
+
+
+class Gate:
+    """Park the code under test at a known point until the test opens it."""
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self._open = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.reached.set()
+        await self._open.wait()
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def within(awaitable: Awaitable[Any], seconds: float = BOUND) -> Any:
+    """Fail fast instead of hanging when a bug keeps something waiting forever."""
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+class NamedUser(User):
+    """An authenticated user: the owner the task stores scope tasks by."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return self._name
+
+
+def caller(name: str = "alice") -> ServerCallContext:
+    return ServerCallContext(user=NamedUser(name))
+
+
+class ScriptedExecutor(AgentExecutor):
+    """An agent that works one step (held at a gate) or parks for input, then completes.
+
+    Args:
+        park: ask for input instead of working, on the first message.
+        cancel: what ``cancel()`` does: "empty", "publish" (CANCELED at once), "io" (awaits
+            I/O, then publishes CANCELED), "raise" or "hang".
+        swallow: ``execute()`` swallows ``CancelledError`` and keeps running until released.
+    """
+
+    def __init__(self, *, park: bool = False, cancel: str = "empty", swallow: bool = False) -> None:
+        self.park, self.cancel_mode, self.swallow = park, cancel, swallow
+        self.task_id: str | None = None
+        self.step = Gate()
+        self.ready = asyncio.Event()
+        self.cancel_called = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.released = asyncio.Event()
+        self.runs = 0
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.task_id, self.runs = context.task_id, self.runs + 1
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        try:
+            if context.current_task is None:
+                await event_queue.enqueue_event(
+                    new_task(
+                        context.task_id or "",
+                        context.context_id or "",
+                        TaskState.TASK_STATE_SUBMITTED,
+                        history=[context.message] if context.message else [],
+                    )
+                )
+            await updater.start_work()
+            if self.park and self.runs == 1:
+                await updater.requires_input()
+                self.ready.set()
+                return
+            self.ready.set()
+            await self._work_step()
+            await updater.complete()
+        finally:
+            self.stopped.set()
+
+    async def _work_step(self) -> None:
+        if not self.swallow:
+            await self.step()
+            return
+        self.step.reached.set()
+        while not self.released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.released.wait()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.cancel_called.set()
+        mode = self.cancel_mode
+        if mode == "raise":
+            raise RuntimeError("cancel() failed")
+        if mode == "hang":
+            await asyncio.Event().wait()
+        if mode == "io":
+            await asyncio.to_thread(_io, IO_LATENCY)
+        if mode in ("publish", "io"):
+            await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
+
+
+def _io(seconds: float) -> None:
+    """Stand in for the network round trip of a real ``cancel()``."""
+    import time
+
+    time.sleep(seconds)
+
+
+class PushReceiver:
+    """Records what the SDK's push sender posts, per push-config URL."""
+
+    def __init__(self) -> None:
+        self.received: dict[str, list[str]] = {}
+        self.client = httpx.AsyncClient(transport=httpx.MockTransport(self._receive))
+
+    def _receive(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        state = _find_state(body)
+        self.received.setdefault(str(request.url), []).append(state or "?")
+        return httpx.Response(200)
+
+
+def _find_state(body: Any) -> str | None:
+    """The task state named anywhere in a push payload."""
+    if isinstance(body, dict):
+        for key, value in body.items():
+            if key == "state" and isinstance(value, str):
+                return value.removeprefix("TASK_STATE_")
+            found = _find_state(value)
+            if found:
+                return found
+    if isinstance(body, list):
+        for value in body:
+            found = _find_state(value)
+            if found:
+                return found
+    return None
+
+
+@dataclass
+class Server:
+    """A handler with its store and push wiring, as one scenario sees it."""
+
+    handler: DefaultRequestHandlerV2
+    executor: ScriptedExecutor
+    store: TaskStore
+    push: PushReceiver
+
+
+def make_server(
+    kind: str,
+    executor: ScriptedExecutor,
+    *,
+    store: TaskStore | None = None,
+    owner: str = "alice",
+    **options: Any,
+) -> Server:
+    """Build the stock handler or ours around ``executor``."""
+    store = store if store is not None else InMemoryTaskStore()
+    push = PushReceiver()
+    configs = InMemoryPushNotificationConfigStore()
+    card = AgentCard(
+        name="check",
+        description="cancel scenarios",
+        version="1",
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True),
+    )
+    arguments: dict[str, Any] = dict(
+        agent_executor=executor,
+        task_store=store,
+        agent_card=card,
+        push_config_store=configs,
+        push_sender=BasePushNotificationSender(push.client, configs, caller(owner)),
+    )
+    if kind == "ours":
+        options.setdefault("cancel_grace_period", GRACE)
+        handler: DefaultRequestHandlerV2 = DefaultRequestHandler(**arguments, **options)
+    else:
+        handler = DefaultRequestHandlerV2(**arguments)
+    return Server(handler, executor, store, push)
+
+
+def message(text: str = "go", task_id: str = "") -> Message:
+    return Message(
+        role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)], task_id=task_id
+    )
+
+
+class Stream:
+    """Drain a handler's event stream in the background; remember every event."""
+
+    def __init__(self, events: AsyncIterator[Any]) -> None:
+        self.events: list[Any] = []
+        self.error: BaseException | None = None
+        self.task = asyncio.ensure_future(self._drain(events))
+
+    async def _drain(self, events: AsyncIterator[Any]) -> None:
+        try:
+            async for event in events:
+                self.events.append(event)
+        except Exception as error:  # The stream's outcome, reported by ``last``.
+            self.error = error
+
+    async def ended(self, seconds: float = BOUND) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.task), seconds)
+        return self.task.done()
+
+    @property
+    def last(self) -> str:
+        if self.error is not None:
+            return type(self.error).__name__
+        states = [state_of(event) for event in self.events if state_of(event)]
+        return states[-1] if states else "nothing"
+
+
+def state_of(event: Any) -> str | None:
+    if isinstance(event, (Task, TaskStatusUpdateEvent)):
+        return TaskState.Name(event.status.state).removeprefix("TASK_STATE_")
+    return None
+
+
+async def start(server: Server, *, owner: str = "alice", push_url: str | None = None) -> Stream:
+    """Send a streaming message and wait until the executor is mid-step (or parked)."""
+    configuration = SendMessageConfiguration()
+    if push_url:
+        configuration.task_push_notification_config.CopyFrom(
+            TaskPushNotificationConfig(url=push_url, id=uuid.uuid4().hex)
+        )
+    request = SendMessageRequest(message=message(), configuration=configuration)
+    stream = Stream(server.handler.on_message_send_stream(request, caller(owner)))
+    await reached_step(server, owner)
+    return stream
+
+
+async def reached_step(server: Server, owner: str = "alice") -> None:
+    """Wait until the executor is mid-step (or parked) and the store shows it."""
+    executor = server.executor
+    await within(executor.ready.wait())
+    if not executor.park:
+        await within(executor.step.reached.wait())
+    expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
+
+    async def recorded() -> None:
+        while await stored(server, executor.task_id or "", owner) != expected:
+            await asyncio.sleep(0)
+
+    await within(recorded())
+
+
+async def cancel(server: Server, task_id: str, owner: str = "alice") -> str:
+    """Cancel through the handler; the returned state, or the A2A error's name."""
+    try:
+        task = await server.handler.on_cancel_task(CancelTaskRequest(id=task_id), caller(owner))
+    except A2AError as error:
+        return type(error).__name__.removesuffix("Error")
+    return state_of(task) or "nothing"
+
+
+async def stored(server: Server, task_id: str, owner: str = "alice") -> str:
+    """The task's state as GetTask shows it."""
+    try:
+        task = await server.handler.on_get_task(GetTaskRequest(id=task_id), caller(owner))
+    except A2AError as error:
+        return type(error).__name__.removesuffix("Error")
+    return state_of(task) or "nothing"
+
+
+async def _settled(server: Server, task_id: str) -> str:
+    """The stored state once the run is gone (what GetTask shows a moment later)."""
+    registry = getattr(server.handler, "_active_task_registry", None)
+    for _ in range(200):
+        if registry is None or await registry.get(task_id) is None:
+            break
+        await asyncio.sleep(0)
+    return await stored(server, task_id)
+
+
+# The scenarios. Each returns a short outcome; ``expected`` is what our handler must show.
+
+
+async def mid_run(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    await start(server)
+    returned = await cancel(server, server.executor.task_id or "")
+    return f"{returned} / {await _settled(server, server.executor.task_id or '')}"
+
+
+async def mid_run_blocking_sender(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    sender = asyncio.ensure_future(
+        server.handler.on_message_send(SendMessageRequest(message=message()), caller())
+    )
+    await reached_step(server)
+    canceller = asyncio.ensure_future(cancel(server, server.executor.task_id or ""))
+    done, _ = await asyncio.wait({sender}, timeout=BOUND)
+    canceller.cancel()
+    if not done:
+        return "sender still waiting"
+    try:
+        return f"sender got {state_of(sender.result())}"
+    except A2AError as error:
+        return f"sender got {type(error).__name__}"
+
+
+async def mid_run_stream(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    stream = await start(server)
+    canceller = asyncio.ensure_future(cancel(server, server.executor.task_id or ""))
+    ended = await stream.ended()
+    canceller.cancel()
+    return f"stream ends on {stream.last}" if ended else f"stream open after {stream.last}"
+
+
+async def mid_run_subscriber(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    await start(server)
+    task_id = server.executor.task_id or ""
+    subscriber = Stream(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=task_id), caller()))
+    await within(_until(lambda: bool(subscriber.events) or subscriber.task.done()))
+    canceller = asyncio.ensure_future(cancel(server, task_id))
+    ended = await subscriber.ended()
+    canceller.cancel()
+    return f"stream ends on {subscriber.last}" if ended else f"stream open after {subscriber.last}"
+
+
+async def mid_run_push(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    urls = ("http://push.invalid/a", "http://push.invalid/b")
+    await start(server, push_url=urls[0])
+    task_id = server.executor.task_id or ""
+    await server.handler.on_create_task_push_notification_config(
+        TaskPushNotificationConfig(task_id=task_id, url=urls[1], id="b"), caller()
+    )
+    await cancel(server, task_id)
+    await _settled(server, task_id)
+    last = {url.rsplit("/", 1)[-1]: (server.push.received.get(url) or ["nothing"])[-1] for url in urls}
+    return ", ".join(f"{name} got {state}" for name, state in sorted(last.items()))
+
+
+async def retried(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    await start(server)
+    task_id = server.executor.task_id or ""
+    first = asyncio.ensure_future(cancel(server, task_id))
+    await asyncio.wait({first}, timeout=BOUND)
+    if not first.done():
+        first.cancel()
+        return "first HANG"
+    await _settled(server, task_id)
+    return f"{first.result()}, then {await cancel(server, task_id)}"
+
+
+async def parked(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor(park=True))
+    await start(server)
+    task_id = server.executor.task_id or ""
+    returned = await cancel(server, task_id)
+    called = "cancel() called" if server.executor.cancel_called.is_set() else "cancel() not called"
+    return f"{returned} / {await _settled(server, task_id)}, {called}"
+
+
+async def not_live_here(kind: str) -> str:
+    first = make_server(kind, ScriptedExecutor(park=True))
+    await start(first)
+    task_id = first.executor.task_id or ""
+    replica = make_server(kind, ScriptedExecutor(park=True), store=first.store)
+    returned = await cancel(replica, task_id)
+    return f"{returned} / {await stored(replica, task_id)}"
+
+
+async def _cancel_mode(kind: str, mode: str) -> str:
+    server = make_server(kind, ScriptedExecutor(cancel=mode))
+    await start(server)
+    task_id = server.executor.task_id or ""
+    returned = await cancel(server, task_id)
+    return f"{returned} / {await _settled(server, task_id)}"
+
+
+async def cancel_publishes(kind: str) -> str:
+    return await _cancel_mode(kind, "publish")
+
+
+async def cancel_awaits_io(kind: str) -> str:
+    return await _cancel_mode(kind, "io")
+
+
+async def cancel_raises(kind: str) -> str:
+    return await _cancel_mode(kind, "raise")
+
+
+async def cancel_hangs(kind: str) -> str:
+    return await _cancel_mode(kind, "hang")
+
+
+async def execute_swallows(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor(swallow=True))
+    try:
+        await start(server)
+        return await _cancel_and_read(server)
+    finally:
+        server.executor.released.set()
+
+
+async def _cancel_and_read(server: Server) -> str:
+    task_id = server.executor.task_id or ""
+    returned = await cancel(server, task_id)
+    return f"{returned} / {await stored(server, task_id)}"
+
+
+async def foreign_cancel(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    await start(server)
+    task_id = server.executor.task_id or ""
+    returned = await cancel(server, task_id, owner="mallory")
+    await _settled_briefly()
+    owner_view = await stored(server, task_id)
+    run = "run killed" if server.executor.stopped.is_set() else "run untouched"
+    return f"{returned}, owner sees {owner_view}, {run}"
+
+
+async def foreign_subscribe(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    await start(server)
+    task_id = server.executor.task_id or ""
+    spy = Stream(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=task_id), caller("mallory")))
+    await within(_until(lambda: bool(spy.events) or spy.task.done()))
+    spy.task.cancel()
+    return f"got {spy.last}"
+
+
+async def unknown_id(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    return await cancel(server, "no-such-task")
+
+
+async def completed(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor())
+    stream = await start(server)
+    server.executor.step.open()
+    await stream.ended()
+    return await cancel(server, server.executor.task_id or "")
+
+
+async def caller_disconnects(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor(cancel="io"))
+    await start(server)
+    task_id = server.executor.task_id or ""
+    request = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_called.wait())
+    request.cancel()  # The client went away while its cancel was in flight.
+    with contextlib.suppress(asyncio.CancelledError):
+        await request
+    await within(_until(lambda: server.executor.stopped.is_set()))
+    return f"task ends {await _settled(server, task_id)}"
+
+
+async def concurrent_cancels(kind: str) -> str:
+    server = make_server(kind, ScriptedExecutor(cancel="io"))
+    await start(server)
+    task_id = server.executor.task_id or ""
+    results = await asyncio.gather(cancel(server, task_id), cancel(server, task_id))
+    return " and ".join(results)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Let the loop run until ``condition`` holds (bound it with ``within``)."""
+    while not condition():
+        await asyncio.sleep(0)
+
+
+async def _settled_briefly() -> None:
+    """Let already-scheduled callbacks run (a stock cancel kills the run asynchronously)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    run: Callable[[str], Awaitable[str]]
+    expected: str
+
+
+SCENARIOS = (
+    Scenario("mid-run, cancel() empty", mid_run, "CANCELED / CANCELED"),
+    Scenario("mid-run, blocking sender in flight", mid_run_blocking_sender, "sender got CANCELED"),
+    Scenario("mid-run, sender's stream", mid_run_stream, "stream ends on CANCELED"),
+    Scenario("mid-run, SubscribeToTask stream", mid_run_subscriber, "stream ends on CANCELED"),
+    Scenario("mid-run, two push configs", mid_run_push, "a got CANCELED, b got CANCELED"),
+    Scenario("cancel retried", retried, "CANCELED, then TaskNotCancelable"),
+    Scenario("parked INPUT_REQUIRED", parked, "CANCELED / CANCELED, cancel() called"),
+    Scenario("no live run here (restart, other replica)", not_live_here, "CANCELED / CANCELED"),
+    Scenario("cancel() publishes CANCELED", cancel_publishes, "CANCELED / CANCELED"),
+    Scenario("cancel() awaits I/O, then publishes", cancel_awaits_io, "CANCELED / CANCELED"),
+    Scenario("cancel() raises", cancel_raises, "CANCELED / CANCELED"),
+    Scenario("cancel() hangs", cancel_hangs, "CANCELED / CANCELED"),
+    Scenario("execute() swallows CancelledError", execute_swallows, "CANCELED / CANCELED"),
+    Scenario(
+        "another user cancels",
+        foreign_cancel,
+        "TaskNotFound, owner sees WORKING, run untouched",
+    ),
+    Scenario("another user subscribes", foreign_subscribe, "got TaskNotFoundError"),
+    Scenario("unknown task id", unknown_id, "TaskNotFound"),
+    Scenario("completed task", completed, "TaskNotCancelable"),
+    Scenario("caller disconnects mid-cancel", caller_disconnects, "task ends CANCELED"),
+    Scenario("two concurrent cancels", concurrent_cancels, "CANCELED and CANCELED"),
+)
+
+
+def run_scenario(scenario: Scenario, kind: str) -> str:
+    """Run one scenario in a fresh event loop; HANG if it outlives ``BOUND``."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(_bounded(scenario, kind))
+    finally:
+        _shut_down(loop)
+
+
+async def _bounded(scenario: Scenario, kind: str) -> str:
+    try:
+        return await asyncio.wait_for(scenario.run(kind), BOUND)
+    except asyncio.TimeoutError:
+        return "HANG"
+    except Exception as error:  # A stock handler may leak an internal exception.
+        return f"raised {type(error).__name__}"
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what the scenario left running, without waiting on anything forever."""
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+    for task in pending:
+        if task.done() and not task.cancelled():
+            task.exception()
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+@dataclass
+class Row:
+    scenario: str
+    stock: str
+    ours: str
+    expected: str
+
+    @property
+    def holds(self) -> bool:
+        return self.ours == self.expected
+
+    @property
+    def stock_holds(self) -> bool:
+        return self.stock == self.expected
+
+
+def run_all() -> list[Row]:
+    return [
+        Row(s.name, run_scenario(s, "stock"), run_scenario(s, "ours"), s.expected) for s in SCENARIOS
+    ]
+
+
+def verdict(rows: list[Row]) -> str:
+    if not all(row.holds for row in rows):
+        return f"a2a-cancelfix does NOT fix every scenario on a2a-sdk {SDK_VERSION}: please report it."
+    failing = [row.scenario for row in rows if not row.stock_holds]
+    if failing:
+        return (
+            f"a2a-sdk {SDK_VERSION} still needs a2a-cancelfix: the stock handler fails "
+            f"{len(failing)} of {len(rows)} scenarios."
+        )
+    return f"a2a-sdk {SDK_VERSION} passes every scenario on its own: you can remove a2a-cancelfix."
+
+
+def render(rows: list[Row]) -> str:
+    headers = ("scenario", "stock a2a-sdk " + SDK_VERSION, "a2a-cancelfix")
+    table = [headers] + [
+        (row.scenario, row.stock, row.ours if row.holds else f"{row.ours}  (FAILS)") for row in rows
+    ]
+    widths = [max(len(line[i]) for line in table) for i in range(3)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines + ["", verdict(rows)])
+
+
+def as_json(rows: list[Row]) -> str:
+    return json.dumps(
+        {
+            "a2a_sdk": SDK_VERSION,
+            "scenarios": [
+                {
+                    "scenario": row.scenario,
+                    "stock": row.stock,
+                    "ours": row.ours,
+                    "expected": row.expected,
+                    "holds": row.holds,
+                }
+                for row in rows
+            ],
+            "needed": any(not row.stock_holds for row in rows),
+            "verdict": verdict(rows),
+        },
+        indent=2,
+    )

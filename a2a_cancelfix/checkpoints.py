@@ -1,0 +1,255 @@
+"""Cooperative cancellation inside a run of ``execute()``: one cancellation scope per run.
+
+The scope travels in a context variable, so every coroutine of the run, and every thread it
+starts with ``asyncio.to_thread``, sees the same one. A cancel is level-triggered: once
+requested, every later checkpoint raises again, so a swallowed exception cannot keep the
+work going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Any, ParamSpec, TypeVar, overload
+
+logger = logging.getLogger("a2a_cancelfix")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class RunCancelled(asyncio.CancelledError):
+    """Raised at a checkpoint of a run whose task was cancelled.
+
+    A subclass of ``asyncio.CancelledError``, so existing ``finally`` blocks and
+    ``except asyncio.CancelledError`` cleanup keep working.
+
+    Attributes:
+        reason: Why the cancel was requested.
+        requested_at: When it was requested (``time.time()``).
+    """
+
+    def __init__(self, reason: str, requested_at: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.requested_at = requested_at
+
+
+class Run:
+    """The cancellation scope of one ``execute()`` call of one task."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.reason: str | None = None
+        self.requested_at: float | None = None
+        self.terminal_state: int | None = None
+        self._callbacks: list[Callable[[], Any]] = []
+        self._shields = 0
+        self._unshielded = asyncio.Event()
+        self._unshielded.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.requested_at is not None
+
+    @property
+    def shielded(self) -> bool:
+        return self._shields > 0
+
+    def cancel(self, reason: str) -> None:
+        """Request the cancel once; run the registered callbacks now."""
+        if self.cancelled:
+            return
+        self.reason, self.requested_at = reason, time.time()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _call_safely(callback, self.task_id)
+
+    def raise_if_cancelled(self) -> None:
+        if self.requested_at is not None and not self._shields:
+            raise RunCancelled(self.reason or "cancel requested", self.requested_at)
+
+    def add_callback(self, callback: Callable[[], Any]) -> Callable[[], None]:
+        if self.cancelled:
+            _call_safely(callback, self.task_id)
+            return _nothing
+        self._callbacks.append(callback)
+        return functools.partial(_discard, self._callbacks, callback)
+
+    async def wait_unshielded(self) -> None:
+        await self._unshielded.wait()
+
+    def _enter_shield(self) -> None:
+        self._shields += 1
+        self._unshielded.clear()
+
+    def _exit_shield(self) -> None:
+        self._shields -= 1
+        if not self._shields:
+            self._unshielded.set()
+
+
+_current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+    "a2a_cancelfix_run", default=None
+)
+
+
+def current_run() -> Run | None:
+    """Return the run this code executes in, or None outside ``execute()``."""
+    return _current_run.get()
+
+
+def enter_run(run: Run) -> None:
+    """Bind ``run`` to the current context (the run's own task)."""
+    _current_run.set(run)
+
+
+class _Ready:
+    """An awaitable that completes at once, without yielding to the loop."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_READY = _Ready()
+
+
+def checkpoint() -> Awaitable[None]:
+    """Raise `RunCancelled` if this run's task was cancelled; else return at once.
+
+    Use ``await checkpoint()`` in coroutines. In a thread started from the run with
+    ``asyncio.to_thread``, a plain ``checkpoint()`` call raises the same way. Outside a run
+    there is nothing to cancel and it returns at once. Inside ``shielded()`` it never raises.
+
+    Raises:
+        RunCancelled: once the cancel was requested, at every call.
+    """
+    run = _current_run.get()
+    if run is not None:
+        run.raise_if_cancelled()
+    return _READY
+
+
+def cancel_requested() -> bool:
+    """Tell whether this run's task was cancelled, without raising (False outside a run)."""
+    run = _current_run.get()
+    return run is not None and run.cancelled
+
+
+def on_cancel(callback: Callable[[], Any]) -> Callable[[], None]:
+    """Call ``callback()`` when the cancel arrives (at once if it already has).
+
+    For aborting what a checkpoint cannot reach: an in-flight HTTP or LLM call, a socket.
+    The callback runs on the event loop's thread; a coroutine function's result is
+    scheduled as a task. Its errors are logged, never raised into the cancel.
+
+    Returns:
+        A function that unregisters the callback.
+
+    Raises:
+        RuntimeError: outside a run, where the callback could never fire.
+    """
+    run = _current_run.get()
+    if run is None:
+        raise RuntimeError(
+            "on_cancel() was called outside a run of an executor wrapped by "
+            "a2a_cancelfix.CancellableExecutor: the callback could never fire"
+        )
+    return run.add_callback(callback)
+
+
+@contextlib.asynccontextmanager
+async def shielded() -> AsyncIterator[None]:
+    """Defer the cancel while the block runs; it takes effect when the block exits.
+
+    Neither checkpoints nor the teardown of the run interrupt the block, for at most the
+    handler's grace period. Events enqueued inside it after the cancel are dropped.
+    Outside a run it does nothing.
+
+    Raises:
+        RunCancelled: on exit, if the cancel arrived while the block ran.
+    """
+    run = _current_run.get()
+    if run is None:
+        yield
+        return
+    run._enter_shield()
+    try:
+        yield
+    finally:
+        run._exit_shield()
+    run.raise_if_cancelled()
+
+
+@overload
+def cancellable(step: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+@overload
+def cancellable(step: Callable[P, R]) -> Callable[P, R]: ...
+def cancellable(step: Callable[P, Any]) -> Callable[P, Any]:
+    """Decorate a step function: a checkpoint before it runs and after it returns.
+
+    Works on async and sync functions and methods; generators are refused, since a
+    checkpoint "after it returns" has no meaning for them.
+
+    Raises:
+        TypeError: at decoration time, for a shape that cannot be checkpointed.
+    """
+    if inspect.isgeneratorfunction(step) or inspect.isasyncgenfunction(step):
+        raise TypeError(
+            f"@cancellable cannot decorate the generator {step.__qualname__}: "
+            "put `await checkpoint()` inside its loop instead"
+        )
+    if not callable(step) or isinstance(step, type):
+        raise TypeError(f"@cancellable decorates functions and methods, not {step!r}")
+
+    if inspect.iscoroutinefunction(step):
+
+        @functools.wraps(step)
+        async def async_step(*args: P.args, **kwargs: P.kwargs) -> Any:
+            checkpoint()
+            result = await step(*args, **kwargs)
+            checkpoint()
+            return result
+
+        return async_step
+
+    @functools.wraps(step)
+    def sync_step(*args: P.args, **kwargs: P.kwargs) -> Any:
+        checkpoint()
+        result = step(*args, **kwargs)
+        checkpoint()
+        return result
+
+    return sync_step
+
+
+def _call_safely(callback: Callable[[], Any], task_id: str) -> None:
+    try:
+        result = callback()
+        if inspect.isawaitable(result):
+            asyncio.ensure_future(result).add_done_callback(_log_failure)
+    except Exception:
+        logger.exception("on_cancel callback %r failed for task %s", callback, task_id)
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("on_cancel callback failed", exc_info=future.exception())
+
+
+def _discard(callbacks: list[Callable[[], Any]], callback: Callable[[], Any]) -> None:
+    with contextlib.suppress(ValueError):
+        callbacks.remove(callback)
+
+
+def _nothing() -> None:
+    return None

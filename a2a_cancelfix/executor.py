@@ -1,0 +1,281 @@
+"""CancellableExecutor: a transparent proxy that makes any AgentExecutor cancel correctly.
+
+``execute()`` runs the wrapped executor's ``execute()`` in a task of its own, inside a
+cancellation scope (see checkpoints.py). That lets a cancel stop the work at checkpoints,
+wait for shielded sections, and keep the run's event queue open until CANCELED is in it,
+even when the SDK tears the run down before it calls ``cancel()`` (a2a-sdk 1.0.0-1.1.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import wrapt
+from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
+
+from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
+from a2a_cancelfix.checkpoints import Run, enter_run
+
+if TYPE_CHECKING:
+    from a2a.server.agent_execution import AgentExecutor, RequestContext
+    from a2a.server.events.event_queue import EventQueue
+
+logger = logging.getLogger("a2a_cancelfix")
+
+DEFAULT_GRACE_PERIOD = 5.0
+
+
+class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
+    """Wrap an ``AgentExecutor`` so that a cancel always ends in CANCELED, promptly.
+
+    ``isinstance`` checks, attributes and other methods pass through to the wrapped
+    executor; wrapping twice returns the same proxy.
+
+    Args:
+        executor: the executor to wrap.
+        grace_period: seconds that the wrapped ``cancel()`` and the winding-down
+            ``execute()`` get together, when the SDK's stock handler drives the cancel.
+            `a2a_cancelfix.DefaultRequestHandler` passes its own ``cancel_grace_period``.
+    """
+
+    def __new__(cls, executor: AgentExecutor, *args: Any, **kwargs: Any) -> CancellableExecutor:
+        if isinstance(executor, CancellableExecutor):
+            return executor
+        return super().__new__(cls)
+
+    def __init__(
+        self, executor: AgentExecutor, *, grace_period: float = DEFAULT_GRACE_PERIOD
+    ) -> None:
+        if executor is self:  # __new__ handed back an existing proxy: keep it as it is.
+            return
+        if grace_period <= 0:
+            raise ValueError("grace_period must be greater than 0")
+        super().__init__(executor)
+        self._self_grace_period = grace_period
+        self._self_executions: dict[str, _Execution] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Run the wrapped ``execute()`` inside a cancellation scope."""
+        task_id = context.task_id or ""
+        earlier = self._self_executions.get(task_id)
+        if earlier is not None and earlier.run.cancelled:
+            return  # A cancel landed between the request and its run: nothing to do.
+        execution = _Execution(Run(task_id))
+        self._self_executions[task_id] = execution
+        execution.work = asyncio.ensure_future(
+            self._self_work(execution.run, context, _RunQueue(event_queue, execution.run))
+        )
+        try:
+            await asyncio.wait({execution.work, execution.abandoned}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # The SDK tears the run down; 1.0.0-1.1.3 do it before calling cancel(), so keep
+            # the queue open until our cancel() has published CANCELED.
+            execution.run.cancel("the run was torn down")
+            deadline = self._self_deadline(self._self_grace_period)
+            await self._self_stop_work(execution, deadline)
+            if execution.cancelling:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(execution.cancel_done.wait(), _remaining(deadline))
+            raise
+        finally:
+            if self._self_executions.get(task_id) is execution and not execution.cancelling:
+                del self._self_executions[task_id]
+        _raise_outcome(execution)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Cancel the task: stop its run, call the wrapped ``cancel()``, ensure CANCELED."""
+        deadline = self._self_deadline(self._self_grace_period)
+        await self._self_cancel(context, event_queue, deadline, run_first=False)
+        self._self_forget(context.task_id or "")
+
+    @staticmethod
+    def _self_deadline(seconds: float) -> float:
+        return asyncio.get_running_loop().time() + seconds
+
+    async def _self_work(self, run: Run, context: RequestContext, queue: EventQueue) -> None:
+        enter_run(run)
+        await self.__wrapped__.execute(context, queue)
+
+    async def _self_cancel(
+        self,
+        context: RequestContext,
+        event_queue: EventQueue,
+        deadline: float,
+        *,
+        run_first: bool,
+        reason: str = "cancel requested",
+    ) -> None:
+        """Do every step of a cancel, each bounded by ``deadline``; never raise for the executor.
+
+        Args:
+            run_first: the caller keeps the run alive until this returns (our handler), so a
+                parked task's ``cancel()`` may run before CANCELED is published. The stock
+                handler may already be closing the queue, so CANCELED goes first there.
+        """
+        task_id = context.task_id or ""
+        execution = self._self_executions.get(task_id)
+        if execution is None:  # Parked, or between runs: a run that starts now stops at once.
+            execution = self._self_executions[task_id] = _Execution(Run(task_id))
+        execution.cancelling = True
+        execution.run.cancel(reason)
+        publisher = _CancelQueue(event_queue, execution.run, context)
+        try:
+            if execution.work is None and not run_first:
+                await publisher.publish_canceled()
+            await self._self_call_cancel(context, publisher, deadline)
+            await publisher.publish_canceled()
+            await self._self_stop_work(execution, deadline)
+        finally:
+            execution.cancel_done.set()
+
+    def _self_forget(self, task_id: str) -> None:
+        """Drop what a finished cancel kept about ``task_id``."""
+        execution = self._self_executions.get(task_id)
+        if execution is not None and execution.cancel_done.is_set():
+            del self._self_executions[task_id]
+
+    async def _self_call_cancel(
+        self, context: RequestContext, queue: EventQueue, deadline: float
+    ) -> None:
+        name = type(self.__wrapped__).__name__
+        call = asyncio.ensure_future(self.__wrapped__.cancel(context, queue))
+        try:
+            await asyncio.wait({call}, timeout=_remaining(deadline))
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if not call.done():
+            call.cancel()
+            logger.warning(
+                "%s.cancel() did not return within the grace period for task %s; "
+                "the task is canceled without it",
+                name,
+                context.task_id,
+            )
+        elif call.cancelled():
+            logger.warning("%s.cancel() was cancelled for task %s", name, context.task_id)
+        elif call.exception() is not None:
+            logger.warning(
+                "%s.cancel() raised for task %s; the task is canceled anyway",
+                name,
+                context.task_id,
+                exc_info=call.exception(),
+            )
+
+    async def _self_stop_work(self, execution: _Execution, deadline: float) -> None:
+        """Let a shielded section finish, interrupt the work, wait for it; all by ``deadline``."""
+        work = execution.work
+        if work is None or work.done() or execution.abandoned.done():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(execution.run.wait_unshielded(), _remaining(deadline))
+        work.cancel()
+        await asyncio.wait({work}, timeout=_remaining(deadline))
+        if not work.done():
+            execution.abandoned.set_result(None)
+            logger.warning(
+                "%s.execute() ignored the cancel of task %s for the whole grace period; "
+                "it is abandoned and nothing it enqueues reaches the task",
+                type(self.__wrapped__).__name__,
+                execution.run.task_id,
+            )
+
+
+class _Execution:
+    """What the wrapper knows of one task: its current run and any cancel in progress."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.work: asyncio.Future[None] | None = None
+        self.abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.cancelling = False
+        self.cancel_done = asyncio.Event()
+
+
+def _raise_outcome(execution: _Execution) -> None:
+    """Mirror how the wrapped ``execute()`` ended, unless a cancel owns the outcome."""
+    work, run = execution.work, execution.run
+    assert work is not None
+    if run.cancelled:
+        if work.done() and not work.cancelled() and work.exception() is not None:
+            logger.debug("execute() of cancelled task %s raised", run.task_id, exc_info=work.exception())
+        return
+    if work.cancelled():
+        raise asyncio.CancelledError
+    error = work.exception()
+    if error is not None:
+        raise error
+
+
+def terminal_state(event: object) -> int | None:
+    """The terminal state an event records, if any."""
+    if isinstance(event, (Task, TaskStatusUpdateEvent)) and event.status.state in TERMINAL_STATES:
+        return event.status.state
+    return None
+
+
+class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The queue ``execute()`` sees: every enqueue is a checkpoint."""
+
+    def __init__(self, queue: EventQueue, run: Run) -> None:
+        super().__init__(queue)
+        self._self_run = run
+
+    async def enqueue_event(self, event: Any) -> None:
+        run = self._self_run
+        if run.cancelled:
+            if run.shielded:
+                logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)
+                return
+            run.raise_if_cancelled()
+        state = terminal_state(event)
+        if state is not None:
+            if run.terminal_state is not None:
+                return
+            run.terminal_state = state
+        await self.__wrapped__.enqueue_event(event)
+
+
+class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The queue ``cancel()`` sees: it may publish CANCELED once; a terminal state is final."""
+
+    def __init__(self, queue: EventQueue, run: Run, context: RequestContext) -> None:
+        super().__init__(queue)
+        self._self_run = run
+        self._self_context = context
+
+    async def enqueue_event(self, event: Any) -> None:
+        run = self._self_run
+        state = terminal_state(event)
+        if run.terminal_state is not None:
+            logger.debug("Dropped %s after task %s ended", type(event).__name__, run.task_id)
+            return
+        if state is not None and state != CANCELED:
+            logger.warning(
+                "cancel() of task %s published state %s; the task ends CANCELED instead",
+                run.task_id,
+                state,
+            )
+            return
+        if state is not None:
+            run.terminal_state = state
+        await self.__wrapped__.enqueue_event(event)
+
+    async def publish_canceled(self) -> None:
+        context = self._self_context
+        if self._self_run.terminal_state is not None or context.current_task is None:
+            return  # Nothing to do, or no task stored yet that a status could update.
+        status = TaskStatus(state=CANCELED)
+        status.timestamp.GetCurrentTime()
+        await self.enqueue_event(
+            TaskStatusUpdateEvent(
+                task_id=context.task_id, context_id=context.context_id or "", status=status
+            )
+        )
+
+
+def _remaining(deadline: float) -> float:
+    return max(deadline - asyncio.get_running_loop().time(), 0.0)

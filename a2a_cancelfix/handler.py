@@ -1,0 +1,224 @@
+"""DefaultRequestHandler: the SDK's handler, with a cancel that always ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.types import (
+    CancelTaskRequest,
+    Message,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskNotCancelableError,
+    TaskState,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+
+from a2a_cancelfix import _sdk
+from a2a_cancelfix.executor import CancellableExecutor
+
+logger = logging.getLogger("a2a_cancelfix")
+
+# Time past the grace period for the SDK to record the terminal state and close the run.
+_MARGIN = 1.0
+
+
+class DefaultRequestHandler(DefaultRequestHandlerV2):
+    """``a2a.server.request_handlers.DefaultRequestHandler`` whose cancel always ends.
+
+    Takes exactly the SDK's constructor arguments, plus these keyword-only options.
+
+    Args:
+        cancel_grace_period: seconds that the executor's ``cancel()`` and the running
+            ``execute()`` get, together, to wind down before the run is torn down and
+            CANCELED is written by the framework. A cancel returns within this plus about
+            one second.
+        on_parked: ``"cancel"`` (default) cancels a task parked in INPUT_REQUIRED or
+            AUTH_REQUIRED; ``"refuse"`` raises ``TaskNotCancelableError`` for it.
+        on_canceled: ``"raise"`` (default, as the SDK does) raises
+            ``TaskNotCancelableError`` when the task is already CANCELED; ``"return"``
+            returns the CANCELED task (the spec calls cancel idempotent).
+    """
+
+    def __init__(
+        self,
+        agent_executor: AgentExecutor,
+        *args: Any,
+        cancel_grace_period: float = 5.0,
+        on_parked: Literal["cancel", "refuse"] = "cancel",
+        on_canceled: Literal["raise", "return"] = "raise",
+        **kwargs: Any,
+    ) -> None:
+        if cancel_grace_period <= 0:
+            raise ValueError("cancel_grace_period must be greater than 0")
+        if on_parked not in ("cancel", "refuse"):
+            raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {on_parked!r}")
+        if on_canceled not in ("raise", "return"):
+            raise ValueError(f"on_canceled must be 'raise' or 'return', not {on_canceled!r}")
+        _sdk.warn_if_unsupported()
+        executor = CancellableExecutor(agent_executor, grace_period=cancel_grace_period)
+        super().__init__(executor, *args, **kwargs)
+        self.cancel_grace_period = cancel_grace_period
+        self.on_parked = on_parked
+        self.on_canceled = on_canceled
+        self._cancels: dict[str, asyncio.Future[Task]] = {}
+
+    async def on_cancel_task(  # type: ignore[override]
+        self, params: CancelTaskRequest, context: ServerCallContext
+    ) -> Task:
+        """Cancel a task; return it CANCELED or raise an A2A error, within the grace bound.
+
+        Raises:
+            TaskNotFoundError: unknown id, or a task the caller does not own.
+            TaskNotCancelableError: already terminal, or parked under ``on_parked="refuse"``.
+        """
+        task_id = params.id
+        task = await _sdk.read_task(self, task_id, context)
+        if task is None:
+            raise TaskNotFoundError
+        pending = self._cancels.get(task_id)
+        if pending is None:
+            self._refuse_unless_cancelable(task)
+            pending = asyncio.ensure_future(self._cancel(params, task, context))
+            self._cancels[task_id] = pending
+            pending.add_done_callback(lambda done: self._forget_cancel(task_id, done))
+        # The cancel survives its caller: a disconnect cancels this await, not the cancel.
+        return await asyncio.shield(pending)
+
+    def _refuse_unless_cancelable(self, task: Task) -> None:
+        state = task.status.state
+        if state in _sdk.TERMINAL_STATES:
+            if state == _sdk.CANCELED and self.on_canceled == "return":
+                return
+            raise TaskNotCancelableError(message=f"Task {task.id} is already in a terminal state")
+        if state in _sdk.PARKED_STATES and self.on_parked == "refuse":
+            raise TaskNotCancelableError(
+                message=f"Task {task.id} is waiting for input and this server keeps such tasks"
+            )
+
+    def _forget_cancel(self, task_id: str, done: asyncio.Future[Task]) -> None:
+        if self._cancels.get(task_id) is done:
+            del self._cancels[task_id]
+        if not done.cancelled():
+            done.exception()  # Retrieved here: a caller that went away cannot.
+
+    async def _cancel(self, params: CancelTaskRequest, task: Task, context: ServerCallContext) -> Task:
+        started = time.monotonic()
+        if task.status.state == _sdk.CANCELED:
+            return task
+        active = await _sdk.live_task(self, task.id)
+        late = False
+        if active is not None:
+            path = "parked" if task.status.state in _sdk.PARKED_STATES else "live"
+            result, late = await self._cancel_live(active, task, context)
+        elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
+            path, result = "not live here", await self._write_canceled(task.id, context)
+        else:
+            path, result = "not live here (SDK)", await self._cancel_by_sdk(params, context)
+        logger.info(
+            "cancel task=%s path=%s outcome=%s took=%.3fs grace_exhausted=%s",
+            task.id,
+            path,
+            _state_name(result),
+            time.monotonic() - started,
+            late,
+        )
+        if result.status.state != _sdk.CANCELED:
+            raise TaskNotCancelableError(
+                message=f"Task {task.id} reached {_state_name(result)} before the cancel"
+            )
+        return result
+
+    async def _cancel_by_sdk(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
+        """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
+        try:
+            return await asyncio.wait_for(
+                super().on_cancel_task(params, context), self.cancel_grace_period + _MARGIN
+            )
+        except asyncio.TimeoutError:
+            logger.warning("the SDK's cancel of task %s hung; CANCELED is written directly", params.id)
+            return await self._write_canceled(params.id, context)
+
+    async def _write_canceled(self, task_id: str, context: ServerCallContext) -> Task:
+        result = await _sdk.write_canceled(self, task_id, context)
+        if result is None:
+            raise TaskNotFoundError
+        return result
+
+    async def _cancel_live(
+        self, active: Any, task: Task, context: ServerCallContext
+    ) -> tuple[Task, bool]:
+        """Cancel a run of this process; return the task as it ended and whether time ran out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cancel_grace_period
+        request_context = RequestContext(
+            call_context=context, task_id=task.id, context_id=task.context_id, task=task
+        )
+        executor: CancellableExecutor = self.agent_executor  # type: ignore[assignment]
+        await executor._self_cancel(request_context, _sdk.agent_queue(active), deadline, run_first=True)
+        late = loop.time() >= deadline
+        recorded = await _sdk.wait_finished(active, _MARGIN)
+        stopped = await _sdk.stop_producer(active, _MARGIN) and await _sdk.wait_consumer(active, _MARGIN)
+        executor._self_forget(task.id)
+        if not stopped:
+            logger.warning("run of task %s did not close in time; it is force-closed", task.id)
+            await _sdk.force_close(active)
+        result = await _sdk.read_task(self, task.id, context)
+        if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
+            logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
+            return await self._write_canceled(task.id, context), True
+        return result, late
+
+    async def on_message_send(  # type: ignore[override]
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Message | Task:
+        """Send a message, as the SDK does; a task being canceled refuses it with an A2A error."""
+        self._refuse_if_cancelling(params)
+        try:
+            return await super().on_message_send(params, context)
+        except _sdk.QueueShutDown as error:
+            raise _ended(params) from error
+
+    async def on_message_send_stream(  # type: ignore[override]
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        """Stream a message, as the SDK does; a task being canceled refuses it with an A2A error."""
+        self._refuse_if_cancelling(params)
+        try:
+            async for event in super().on_message_send_stream(params, context):
+                yield event
+        except _sdk.QueueShutDown as error:
+            raise _ended(params) from error
+
+    async def on_subscribe_to_task(  # type: ignore[override]
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any, None]:
+        """Subscribe to a task the caller owns; anyone else gets ``TaskNotFoundError``."""
+        if await _sdk.read_task(self, params.id, context) is None:
+            raise TaskNotFoundError
+        async for event in super().on_subscribe_to_task(params, context):
+            yield event
+
+    def _refuse_if_cancelling(self, params: SendMessageRequest) -> None:
+        task_id = params.message.task_id
+        if task_id and task_id in self._cancels:
+            raise _ended(params)
+
+
+def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        message=f"Task {params.message.task_id} is canceled or being canceled"
+    )
+
+
+def _state_name(task: Task) -> str:
+    return TaskState.Name(task.status.state).removeprefix("TASK_STATE_")
