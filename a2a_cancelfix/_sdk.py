@@ -121,16 +121,16 @@ async def wait_finished(active: ActiveTask, timeout: float) -> bool:
     return active._is_finished.is_set()
 
 
-async def stop_producer(active: ActiveTask, timeout: float) -> bool:
-    """Let the producer finish (it closes the queues, which ends the streams); cancel it late."""
+async def producer_stopped(active: ActiveTask, timeout: float) -> bool:
+    """Let the producer finish on its own: its teardown closes the queues and ends streams.
+
+    Cancelling it instead could land inside that teardown and leave the streams open, so a
+    producer still running after ``timeout`` is left to `force_close`.
+    """
     producer = active._producer_task  # 1.0.0-1.3.0
-    if producer is None or producer.done():
-        return True
-    await asyncio.wait({producer}, timeout=max(timeout, 0) / 2)
-    if not producer.done():
-        producer.cancel()
-        await asyncio.wait({producer}, timeout=max(timeout, 0) / 2)
-    return producer.done()
+    if producer is not None and not producer.done():
+        await asyncio.wait({producer}, timeout=max(timeout, 0))
+    return producer is None or producer.done()
 
 
 async def wait_consumer(active: ActiveTask, timeout: float) -> bool:

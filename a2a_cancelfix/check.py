@@ -48,6 +48,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix._sdk import SDK_VERSION
+from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 
 GRACE = 0.3
@@ -57,7 +58,8 @@ BOUND = 2.5
 IO_LATENCY = 0.05
 """How long the I/O of an executor's ``cancel()`` takes, in seconds."""
 
-HANDLERS = ("stock", "ours")
+HANDLERS = ("stock", "wrapped", "ours")
+"""The SDK's handler; the SDK's handler around a CancellableExecutor; our handler."""
 
 
 class Gate:
@@ -242,6 +244,8 @@ def make_server(
         options.setdefault("cancel_grace_period", GRACE)
         handler: DefaultRequestHandlerV2 = DefaultRequestHandler(**arguments, **options)
     else:
+        if kind == "wrapped":
+            arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)
         handler = DefaultRequestHandlerV2(**arguments)
     return Server(handler, executor, store, push)
 
@@ -610,22 +614,22 @@ def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
 @dataclass
 class Row:
     scenario: str
-    stock: str
-    ours: str
+    outcomes: dict[str, str]
     expected: str
 
     @property
     def holds(self) -> bool:
-        return self.ours == self.expected
+        return self.outcomes["ours"] == self.expected
 
     @property
     def stock_holds(self) -> bool:
-        return self.stock == self.expected
+        return self.outcomes["stock"] == self.expected
 
 
 def run_all() -> list[Row]:
     return [
-        Row(s.name, run_scenario(s, "stock"), run_scenario(s, "ours"), s.expected) for s in SCENARIOS
+        Row(s.name, {kind: run_scenario(s, kind) for kind in HANDLERS}, s.expected)
+        for s in SCENARIOS
     ]
 
 
@@ -641,12 +645,21 @@ def verdict(rows: list[Row]) -> str:
     return f"a2a-sdk {SDK_VERSION} passes every scenario on its own: you can remove a2a-cancelfix."
 
 
+_TITLES = {
+    "stock": f"stock a2a-sdk {SDK_VERSION}",
+    "wrapped": "stock + CancellableExecutor",
+    "ours": "a2a-cancelfix handler",
+}
+
+
 def render(rows: list[Row]) -> str:
-    headers = ("scenario", "stock a2a-sdk " + SDK_VERSION, "a2a-cancelfix")
-    table = [headers] + [
-        (row.scenario, row.stock, row.ours if row.holds else f"{row.ours}  (FAILS)") for row in rows
-    ]
-    widths = [max(len(line[i]) for line in table) for i in range(3)]
+    table = [("scenario", *(_TITLES[kind] for kind in HANDLERS))]
+    for row in rows:
+        cells = [row.outcomes[kind] for kind in HANDLERS]
+        if not row.holds:
+            cells[-1] += "  (FAILS)"
+        table.append((row.scenario, *cells))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines + ["", verdict(rows)])
@@ -657,13 +670,7 @@ def as_json(rows: list[Row]) -> str:
         {
             "a2a_sdk": SDK_VERSION,
             "scenarios": [
-                {
-                    "scenario": row.scenario,
-                    "stock": row.stock,
-                    "ours": row.ours,
-                    "expected": row.expected,
-                    "holds": row.holds,
-                }
+                {"scenario": row.scenario, **row.outcomes, "expected": row.expected, "holds": row.holds}
                 for row in rows
             ],
             "needed": any(not row.stock_holds for row in rows),

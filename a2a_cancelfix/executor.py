@@ -88,7 +88,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Cancel the task: stop its run, call the wrapped ``cancel()``, ensure CANCELED."""
         deadline = self._self_deadline(self._self_grace_period)
-        await self._self_cancel(context, event_queue, deadline, run_first=False)
+        await self._self_cancel(context, event_queue, deadline, tears_down=False)
         self._self_forget(context.task_id or "")
 
     @staticmethod
@@ -105,15 +105,18 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         event_queue: EventQueue,
         deadline: float,
         *,
-        run_first: bool,
+        tears_down: bool,
         reason: str = "cancel requested",
     ) -> None:
         """Do every step of a cancel, each bounded by ``deadline``; never raise for the executor.
 
         Args:
-            run_first: the caller keeps the run alive until this returns (our handler), so a
-                parked task's ``cancel()`` may run before CANCELED is published. The stock
-                handler may already be closing the queue, so CANCELED goes first there.
+            tears_down: True when the caller (our handler) keeps the run alive until this
+                returns and expects the work stopped: a parked task's ``cancel()`` then runs
+                before CANCELED is published. The stock handler tears the run down itself and
+                may already be closing the queue, so CANCELED goes first there, and the work
+                is stopped when the SDK cancels the run (stopping it here would let the run
+                reach its own teardown, where the SDK's cancel would interrupt it).
         """
         task_id = context.task_id or ""
         execution = self._self_executions.get(task_id)
@@ -123,11 +126,12 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         execution.run.cancel(reason)
         publisher = _CancelQueue(event_queue, execution.run, context)
         try:
-            if execution.work is None and not run_first:
+            if execution.work is None and not tears_down:
                 await publisher.publish_canceled()
             await self._self_call_cancel(context, publisher, deadline)
             await publisher.publish_canceled()
-            await self._self_stop_work(execution, deadline)
+            if tears_down:
+                await self._self_stop_work(execution, deadline)
         finally:
             execution.cancel_done.set()
 

@@ -164,10 +164,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             call_context=context, task_id=task.id, context_id=task.context_id, task=task
         )
         executor: CancellableExecutor = self.agent_executor  # type: ignore[assignment]
-        await executor._self_cancel(request_context, _sdk.agent_queue(active), deadline, run_first=True)
+        await executor._self_cancel(request_context, _sdk.agent_queue(active), deadline, tears_down=True)
         late = loop.time() >= deadline
         recorded = await _sdk.wait_finished(active, _MARGIN)
-        stopped = await _sdk.stop_producer(active, _MARGIN) and await _sdk.wait_consumer(active, _MARGIN)
+        stopped = await _sdk.producer_stopped(active, _MARGIN) and await _sdk.wait_consumer(active, _MARGIN)
         executor._self_forget(task.id)
         if not stopped:
             logger.warning("run of task %s did not close in time; it is force-closed", task.id)
