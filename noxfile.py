@@ -1,0 +1,19 @@
+"""The test matrix: the whole suite against each supported a2a-sdk release, one environment each."""
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = True
+
+# Every minor line's first and last release we support, and whatever 1.x is newest today.
+SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.3", "newest"]
+
+
+@nox.session
+@nox.parametrize("sdk", SDK_RELEASES)
+def tests(session: nox.Session, sdk: str) -> None:
+    """Run the suite against one a2a-sdk release."""
+    requirement = "a2a-sdk>=1,<2" if sdk == "newest" else f"a2a-sdk=={sdk}"
+    session.install("-e", ".[test]", requirement)
+    session.run("pytest", *session.posargs)

@@ -1,0 +1,34 @@
+"""Each cancel scenario, on the installed a2a-sdk: what stock does, what the wrapper alone does, what we do."""
+
+import pytest
+
+from a2a_cancelfix.check import SCENARIOS, Scenario, run_scenario
+
+from .expected import STOCK, WRAPPED, column
+
+ids = [scenario.name for scenario in SCENARIOS]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=ids)
+def test_ours_holds_the_contract(scenario: Scenario) -> None:
+    """Our handler ends every scenario the way the contract says."""
+    assert run_scenario(scenario, "ours") == scenario.expected
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=ids)
+def test_stock_behaves_as_documented(scenario: Scenario) -> None:
+    """The SDK's own handler does what the README's table says for this release."""
+    assert run_scenario(scenario, "stock") == STOCK[scenario.name][column()]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=ids)
+def test_wrapper_alone_behaves_as_documented(scenario: Scenario) -> None:
+    """The SDK's handler around a CancellableExecutor fixes what the README says it fixes."""
+    differs = WRAPPED.get(scenario.name, (None,) * 4)[column()]
+    assert run_scenario(scenario, "wrapped") == (differs or scenario.expected)
+
+
+def test_every_scenario_is_documented() -> None:
+    """The expectation tables name exactly the scenarios that exist."""
+    assert set(STOCK) == set(ids)
+    assert set(WRAPPED) <= set(ids)
