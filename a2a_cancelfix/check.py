@@ -107,7 +107,8 @@ class ScriptedExecutor(AgentExecutor):
     Args:
         park: ask for input instead of working, on the first message.
         cancel: what ``cancel()`` does: "empty", "publish" (CANCELED at once), "io" (awaits
-            I/O, then publishes CANCELED), "raise" or "hang".
+            I/O, then publishes CANCELED), "gate" (waits at ``cancel_gate``, then publishes),
+            "raise" or "hang".
         swallow: ``execute()`` swallows ``CancelledError`` and keeps running until released.
     """
 
@@ -117,6 +118,8 @@ class ScriptedExecutor(AgentExecutor):
         self.step = Gate()
         self.ready = asyncio.Event()
         self.cancel_called = asyncio.Event()
+        self.cancel_gate = Gate()
+        self.completed = asyncio.Event()
         self.stopped = asyncio.Event()
         self.released = asyncio.Event()
         self.runs = 0
@@ -142,6 +145,7 @@ class ScriptedExecutor(AgentExecutor):
             self.ready.set()
             await self._work_step()
             await updater.complete()
+            self.completed.set()
         finally:
             self.stopped.set()
 
@@ -163,7 +167,9 @@ class ScriptedExecutor(AgentExecutor):
             await asyncio.Event().wait()
         if mode == "io":
             await asyncio.to_thread(_io, IO_LATENCY)
-        if mode in ("publish", "io"):
+        if mode == "gate":
+            await self.cancel_gate()
+        if mode in ("publish", "io", "gate"):
             await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
 
 

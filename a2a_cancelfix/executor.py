@@ -69,17 +69,19 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             self._self_work(execution.run, context, _RunQueue(event_queue, execution.run))
         )
         try:
-            await asyncio.wait({execution.work, execution.abandoned}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            # The SDK tears the run down; 1.0.0-1.1.3 do it before calling cancel(), so keep
-            # the queue open until our cancel() has published CANCELED.
-            execution.run.cancel("the run was torn down")
-            deadline = self._self_deadline(self._self_grace_period)
-            await self._self_stop_work(execution, deadline)
-            if execution.cancelling:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(execution.cancel_done.wait(), _remaining(deadline))
-            raise
+            try:
+                await asyncio.wait(
+                    {execution.work, execution.abandoned}, return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:
+                # The SDK tears the run down; 1.0.0-1.1.3 do it before calling cancel().
+                execution.run.cancel("the run was torn down")
+                deadline = self._self_deadline(self._self_grace_period)
+                await self._self_stop_work(execution, deadline)
+                await self._self_cancel_published(execution, deadline)
+                raise
+            # Returning lets the SDK close the request (and end its streams): CANCELED first.
+            await self._self_cancel_published(execution, self._self_deadline(self._self_grace_period))
         finally:
             if self._self_executions.get(task_id) is execution and not execution.cancelling:
                 del self._self_executions[task_id]
@@ -168,6 +170,13 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
                 context.task_id,
                 exc_info=call.exception(),
             )
+
+    @staticmethod
+    async def _self_cancel_published(execution: _Execution, deadline: float) -> None:
+        """Wait (by ``deadline``) for a cancel in progress to publish on the still-open queue."""
+        if execution.cancelling:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(execution.cancel_done.wait(), _remaining(deadline))
 
     async def _self_stop_work(self, execution: _Execution, deadline: float) -> None:
         """Let a shielded section finish, interrupt the work, wait for it; all by ``deadline``."""

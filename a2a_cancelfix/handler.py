@@ -87,7 +87,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise TaskNotFoundError
         pending = self._cancels.get(task_id)
         if pending is None:
-            self._refuse_unless_cancelable(task)
+            try:
+                self._refuse_unless_cancelable(task)
+            except TaskNotCancelableError:
+                terminal = task.status.state in _sdk.TERMINAL_STATES
+                path = "already terminal" if terminal else "parked, refused"
+                _log_cancel(task, path, "TaskNotCancelable", 0.0, False)
+                raise
             pending = asyncio.ensure_future(self._cancel(params, task, context))
             self._cancels[task_id] = pending
             pending.add_done_callback(lambda done: self._forget_cancel(task_id, done))
@@ -114,6 +120,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def _cancel(self, params: CancelTaskRequest, task: Task, context: ServerCallContext) -> Task:
         started = time.monotonic()
         if task.status.state == _sdk.CANCELED:
+            _log_cancel(task, "already canceled", "CANCELED", 0.0, False)
             return task
         active = await _sdk.live_task(self, task.id)
         late = False
@@ -124,14 +131,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             path, result = "not live here", await self._write_canceled(task.id, context)
         else:
             path, result = "not live here (SDK)", await self._cancel_by_sdk(params, context)
-        logger.info(
-            "cancel task=%s path=%s outcome=%s took=%.3fs grace_exhausted=%s",
-            task.id,
-            path,
-            _state_name(result),
-            time.monotonic() - started,
-            late,
-        )
+        _log_cancel(task, path, _state_name(result), time.monotonic() - started, late)
         if result.status.state != _sdk.CANCELED:
             raise TaskNotCancelableError(
                 message=f"Task {task.id} reached {_state_name(result)} before the cancel"
@@ -217,6 +217,17 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
     return UnsupportedOperationError(
         message=f"Task {params.message.task_id} is canceled or being canceled"
+    )
+
+
+def _log_cancel(task: Task, path: str, outcome: str, took: float, late: bool) -> None:
+    logger.info(
+        "cancel task=%s path=%s outcome=%s took=%.3fs grace_exhausted=%s",
+        task.id,
+        path,
+        outcome,
+        took,
+        late,
     )
 
 

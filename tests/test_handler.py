@@ -1,0 +1,272 @@
+"""The handler's contract beyond the scenario table: options, bounds, races, leftovers, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.types import (
+    CancelTaskRequest,
+    SendMessageRequest,
+    TaskNotCancelableError,
+    TaskState,
+)
+from a2a.utils.errors import A2AError
+
+from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, _sdk
+from a2a_cancelfix.check import (
+    GRACE,
+    ScriptedExecutor,
+    Server,
+    Stream,
+    caller,
+    cancel,
+    make_server,
+    message,
+    reached_step,
+    start,
+    stored,
+    within,
+)
+
+# A cancel must return within the grace period plus this.
+SLACK = 1.5
+
+
+async def cancel_task(server: Server, task_id: str) -> object:
+    return await server.handler.on_cancel_task(CancelTaskRequest(id=task_id), caller())
+
+
+def test_takes_the_sdk_arguments_and_wraps_the_executor() -> None:
+    """Positional SDK arguments work, and the executor is wrapped exactly once."""
+    server = make_server("stock", ScriptedExecutor())
+    executor = ScriptedExecutor()
+    handler = DefaultRequestHandler(executor, server.store, server.handler._agent_card)
+    assert isinstance(handler, DefaultRequestHandlerV2)
+    assert isinstance(handler.agent_executor, CancellableExecutor)
+    assert handler.agent_executor.__wrapped__ is executor
+    wrapped = CancellableExecutor(executor)
+    again = DefaultRequestHandler(wrapped, server.store, server.handler._agent_card)
+    assert again.agent_executor is wrapped
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"cancel_grace_period": 0}, {"on_parked": "ignore"}, {"on_canceled": "maybe"}],
+    ids=["grace", "on_parked", "on_canceled"],
+)
+def test_rejects_bad_options(options: dict) -> None:
+    """An option outside its documented values is a ValueError at construction."""
+    with pytest.raises(ValueError):
+        make_server("ours", ScriptedExecutor(), **options)
+
+
+@pytest.mark.asyncio
+async def test_refuse_policy_keeps_a_parked_task() -> None:
+    """With on_parked="refuse", a parked task is not cancelable and stays untouched."""
+    server = make_server("ours", ScriptedExecutor(park=True), on_parked="refuse")
+    await start(server)
+    task_id = server.executor.task_id
+    with pytest.raises(TaskNotCancelableError):
+        await within(cancel_task(server, task_id))
+    assert await stored(server, task_id) == "INPUT_REQUIRED"
+    assert not server.executor.cancel_called.is_set()
+
+
+@pytest.mark.asyncio
+async def test_return_policy_makes_cancel_idempotent() -> None:
+    """With on_canceled="return", cancelling a CANCELED task returns it again."""
+    server = make_server("ours", ScriptedExecutor(), on_canceled="return")
+    await start(server)
+    task_id = server.executor.task_id
+    assert await within(cancel(server, task_id)) == "CANCELED"
+    assert await within(cancel(server, task_id)) == "CANCELED"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["hang", "raise"])
+async def test_misbehaving_cancel_is_bounded_and_named(mode: str, caplog) -> None:
+    """A hanging or raising cancel() still ends CANCELED in time, with a warning naming the executor."""
+    server = make_server("ours", ScriptedExecutor(cancel=mode))
+    await start(server)
+    task_id = server.executor.task_id
+    with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+        assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("ScriptedExecutor.cancel()" in w and task_id in w for w in warnings)
+
+
+@pytest.mark.asyncio
+async def test_swallowing_execute_cannot_change_the_task_later(caplog) -> None:
+    """An execute() that swallows the cancel is abandoned; what it does afterwards is dropped."""
+    server = make_server("ours", ScriptedExecutor(swallow=True))
+    await start(server)
+    task_id = server.executor.task_id
+    with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+        assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
+    assert any("ScriptedExecutor.execute() ignored" in r.getMessage() for r in caplog.records)
+    server.executor.released.set()  # It now tries to complete the task.
+    await within(server.executor.stopped.wait())
+    assert await stored(server, task_id) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_logs_one_info_line_per_cancel(caplog) -> None:
+    """Each cancel logs its task, path, outcome, duration and whether the grace ran out."""
+    server = make_server("ours", ScriptedExecutor(park=True))
+    await start(server)
+    task_id = server.executor.task_id
+    with caplog.at_level(logging.INFO, logger="a2a_cancelfix"):
+        await within(cancel(server, task_id))
+        await within(cancel(server, task_id))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(lines) == 2
+    assert f"task={task_id} path=parked outcome=CANCELED" in lines[0]
+    assert "grace_exhausted=False" in lines[0]
+    assert f"task={task_id} path=already terminal outcome=TaskNotCancelable" in lines[1]
+
+
+@pytest.mark.asyncio
+async def test_message_to_a_task_being_canceled_gets_an_a2a_error() -> None:
+    """A message racing a cancel of its parked task loses with an A2A error; CANCELED stays."""
+    server = make_server("ours", ScriptedExecutor(park=True, cancel="gate"))
+    await start(server)
+    task_id = server.executor.task_id
+    cancelling = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_gate.reached.wait())
+    resume = SendMessageRequest(message=message("more", task_id=task_id))
+    with pytest.raises(A2AError):
+        await within(server.handler.on_message_send(resume, caller()))
+    server.executor.cancel_gate.open()
+    assert await within(cancelling) == "CANCELED"
+    with pytest.raises(A2AError):
+        await within(server.handler.on_message_send(resume, caller()))
+    assert await stored(server, task_id) == "CANCELED"
+    assert server.executor.runs == 1
+
+
+@pytest.mark.asyncio
+async def test_cancel_after_a_resuming_message_cancels_the_new_run() -> None:
+    """When the message wins, the cancel ends the resumed run; its blocking sender sees CANCELED."""
+    server = make_server("ours", ScriptedExecutor(park=True))
+    await start(server)
+    task_id = server.executor.task_id
+    server.executor.step = type(server.executor.step)()
+    resume = SendMessageRequest(message=message("more", task_id=task_id))
+    sender = asyncio.ensure_future(server.handler.on_message_send(resume, caller()))
+    await reached_step(server)
+    answered_early = sender.done()
+    assert await within(cancel(server, task_id)) == "CANCELED"
+    result = await within(sender)
+    if _sdk.SDK_VERSION == "1.0.0":  # It answers a resuming sender at once, with the parked task.
+        assert answered_early and result.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    else:
+        assert not answered_early and result.status.state == _sdk.CANCELED
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("landing", ["after the COMPLETED event was enqueued", "after it was recorded"])
+async def test_completion_that_wins_is_kept(landing: str) -> None:
+    """A cancel landing after the run published COMPLETED is refused; COMPLETED stays."""
+    server = make_server("ours", ScriptedExecutor())
+    stream = await start(server)
+    task_id = server.executor.task_id
+    server.executor.step.open()
+    await within(server.executor.completed.wait())
+    if landing == "after it was recorded":
+        await within(stream.ended())
+    assert await within(cancel(server, task_id)) == "TaskNotCancelable"
+    await within(stream.ended())
+    assert stream.last == "COMPLETED"
+    assert await stored(server, task_id) == "COMPLETED"
+
+
+@pytest.mark.asyncio
+async def test_cancel_that_wins_stops_the_completion() -> None:
+    """Once the cancel is in, the run's own COMPLETED never reaches the task."""
+    server = make_server("ours", ScriptedExecutor(cancel="gate"))
+    stream = await start(server)
+    task_id = server.executor.task_id
+    cancelling = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_gate.reached.wait())
+    server.executor.step.open()  # The run tries to complete while cancel() is still running.
+    await within(server.executor.stopped.wait())
+    server.executor.cancel_gate.open()
+    assert await within(cancelling) == "CANCELED"
+    assert not server.executor.completed.is_set()
+    await within(stream.ended())
+    assert stream.last == "CANCELED"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("executor", ["mid-run", "parked", "cancel() hangs", "swallows"])
+async def test_nothing_is_left_behind(executor: str) -> None:
+    """After the cancel, no asyncio task, registry entry, queue or bookkeeping of the task remains."""
+    before = asyncio.all_tasks()
+    scripted = {
+        "mid-run": ScriptedExecutor(),
+        "parked": ScriptedExecutor(park=True),
+        "cancel() hangs": ScriptedExecutor(cancel="hang"),
+        "swallows": ScriptedExecutor(swallow=True),
+    }[executor]
+    server = make_server("ours", scripted)
+    stream = await start(server)
+    task_id = scripted.task_id
+    subscriber = Stream(server.handler.on_subscribe_to_task(_subscribe(task_id), caller()))
+    assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
+    scripted.released.set()
+    assert await stream.ended() and await subscriber.ended()
+    registry = server.handler._active_task_registry
+
+    async def gone() -> None:
+        while await registry.get(task_id) is not None or asyncio.all_tasks() - before - {
+            asyncio.current_task()
+        }:
+            await asyncio.sleep(0)
+
+    await within(gone())
+    assert server.handler._cancels == {}
+    assert server.handler.agent_executor._self_executions == {}
+
+
+def _subscribe(task_id: str):
+    from a2a.types import SubscribeToTaskRequest
+
+    return SubscribeToTaskRequest(id=task_id)
+
+
+@pytest.mark.asyncio
+async def test_unknown_sdk_release_warns_once_and_still_cancels(monkeypatch) -> None:
+    """A release whose internals we do not find gets one warning and a bounded SDK cancel."""
+    monkeypatch.setattr(_sdk, "SUPPORTED", False)
+    monkeypatch.setattr(_sdk, "MISSING", ["ActiveTask._is_finished"])
+    monkeypatch.setattr(_sdk, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="does not know a2a-sdk"):
+        server = make_server("ours", ScriptedExecutor())
+    make_server("ours", ScriptedExecutor())  # No second warning: it would raise here.
+    await start(server)
+    assert await within(cancel(server, server.executor.task_id), GRACE + SLACK) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_internal_queue_errors_become_a2a_errors(monkeypatch) -> None:
+    """A queue shut down under a message (the run just ended) reaches the client as an A2A error."""
+
+    async def shut(*args, **kwargs):
+        raise _sdk.QueueShutDown
+
+    async def shut_stream(*args, **kwargs):
+        raise _sdk.QueueShutDown
+        yield
+
+    monkeypatch.setattr(DefaultRequestHandlerV2, "on_message_send", shut)
+    monkeypatch.setattr(DefaultRequestHandlerV2, "on_message_send_stream", shut_stream)
+    server = make_server("ours", ScriptedExecutor())
+    request = SendMessageRequest(message=message(task_id="t-1"))
+    with pytest.raises(A2AError):
+        await within(server.handler.on_message_send(request, caller()))
+    with pytest.raises(A2AError):
+        async for _ in server.handler.on_message_send_stream(request, caller()):
+            pass
