@@ -1,0 +1,362 @@
+"""Cooperative cancellation inside executors: checkpoints, @cancellable, shielded(), on_cancel()."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+
+import pytest
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import Task, TaskState, TaskStatus
+
+import a2a_cancelfix
+from a2a_cancelfix import (
+    CancellableExecutor,
+    RunCancelled,
+    cancel_requested,
+    cancellable,
+    checkpoint,
+    on_cancel,
+    shielded,
+)
+from a2a_cancelfix.check import (
+    GRACE,
+    Gate,
+    ScriptedExecutor,
+    caller,
+    cancel,
+    make_server,
+    start,
+    stored,
+    within,
+)
+
+SLACK = 1.5
+
+
+class ClaimingExecutor(ScriptedExecutor):
+    """Holds a claim on its scope while it works in three steps, the last a shielded write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+        self.write = Gate()
+        self.aborted_call = asyncio.Event()
+
+    async def _work_step(self) -> None:
+        self.log.append("claimed")
+        in_flight = asyncio.get_running_loop().create_future()
+        try:
+            on_cancel(in_flight.cancel)  # Aborts the "HTTP call" below the moment the cancel lands.
+        except RuntimeError:
+            pass  # Not wrapped: the stock handler has no cancellation scope.
+        try:
+            await self.scrub()
+            await self.orchestrate(in_flight)
+            await self.store()
+        finally:
+            self.log.append("released")
+
+    @cancellable
+    async def scrub(self) -> None:
+        self.log.append("scrubbed")
+
+    @cancellable
+    async def orchestrate(self, in_flight: asyncio.Future) -> None:
+        self.step.reached.set()
+        try:
+            await in_flight  # The slow call a cancel should abort.
+        except asyncio.CancelledError:
+            self.aborted_call.set()
+            raise
+
+    @cancellable
+    async def store(self) -> None:
+        async with shielded():
+            self.log.append("write started")
+            await self.write()
+            self.log.append("write finished")
+
+
+class WritingExecutor(ClaimingExecutor):
+    """Goes straight to the shielded write, and stays there until the test opens it."""
+
+    async def orchestrate(self, in_flight: asyncio.Future) -> None:
+        self.step.reached.set()
+
+
+# Outside a run
+
+
+@pytest.mark.asyncio
+async def test_outside_a_run_checks_pass_and_callbacks_are_refused() -> None:
+    """With no run, checkpoints pass, nothing is cancelled, shields do nothing, callbacks raise."""
+    await checkpoint()
+    checkpoint()
+    assert cancel_requested() is False
+    async with shielded():
+        pass
+    with pytest.raises(RuntimeError, match="outside a run"):
+        on_cancel(lambda: None)
+
+
+# @cancellable
+
+
+def test_cancellable_keeps_signatures_and_hints() -> None:
+    """Decorated sync and async functions and methods keep their names, signatures and hints."""
+
+    @cancellable
+    async def fetch(url: str, *, retries: int = 3) -> bytes:
+        """Fetch."""
+        return b""
+
+    @cancellable
+    def parse(data: bytes) -> dict[str, int]:
+        return {}
+
+    class Agent:
+        @cancellable
+        async def step(self, n: int) -> int:
+            return n
+
+    assert fetch.__name__ == "fetch" and fetch.__doc__ == "Fetch."
+    assert inspect.signature(fetch) == inspect.signature(fetch.__wrapped__)
+    assert inspect.iscoroutinefunction(fetch) and not inspect.iscoroutinefunction(parse)
+    assert parse(b"") == {} and inspect.signature(parse).return_annotation == "dict[str, int]"
+    assert asyncio.run(Agent().step(4)) == 4
+
+
+def test_cancellable_refuses_generators_at_decoration() -> None:
+    """A generator or a class cannot be a step: the decorator says so at once."""
+
+    def numbers():
+        yield 1
+
+    async def events():
+        yield 1
+
+    with pytest.raises(TypeError, match="numbers"):
+        cancellable(numbers)
+    with pytest.raises(TypeError, match="events"):
+        cancellable(events)
+    with pytest.raises(TypeError):
+        cancellable(int)
+
+
+# The executor proxy
+
+
+def test_proxy_is_transparent_and_wraps_once() -> None:
+    """isinstance, attributes and repr see the wrapped executor; wrapping twice is a no-op."""
+    executor = ScriptedExecutor(park=True)
+    wrapped = CancellableExecutor(executor)
+    assert isinstance(wrapped, AgentExecutor) and isinstance(wrapped, ScriptedExecutor)
+    assert wrapped.park is True and wrapped.cancel_mode == "empty"
+    assert CancellableExecutor(wrapped) is wrapped
+    assert "ScriptedExecutor" in repr(wrapped)
+    with pytest.raises(ValueError):
+        CancellableExecutor(ScriptedExecutor(), grace_period=0)
+
+
+class RecordingQueue:
+    """An event queue that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def enqueue_event(self, event: object) -> None:
+        self.events.append(event)
+
+
+def run_context() -> RequestContext:
+    task = Task(id="t-1", context_id="c-1", status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
+    return RequestContext(call_context=caller(), task_id="t-1", context_id="c-1", task=task)
+
+
+class ReportingExecutor(AgentExecutor):
+    """Reports progress forever and never checks for cancellation itself."""
+
+    def __init__(self) -> None:
+        self.reports = 0
+        self.first_report = asyncio.Event()
+        self.errors: list[BaseException] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        try:
+            while True:
+                await updater.update_status(TaskState.TASK_STATE_WORKING)
+                self.reports += 1
+                self.first_report.set()
+                await asyncio.sleep(0)
+        except BaseException as error:
+            self.errors.append(error)
+            raise
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+@pytest.mark.asyncio
+async def test_every_enqueue_is_a_checkpoint() -> None:
+    """An executor that only reports progress stops at its next report after the cancel."""
+    inner, queue = ReportingExecutor(), RecordingQueue()
+    executor = CancellableExecutor(inner, grace_period=GRACE)
+    running = asyncio.ensure_future(executor.execute(run_context(), queue))
+    await within(inner.first_report.wait())
+    await within(executor._self_cancel(run_context(), queue, _deadline(GRACE), tears_down=False))
+    await within(running)
+    (error,) = inner.errors
+    assert isinstance(error, RunCancelled) and isinstance(error, asyncio.CancelledError)
+    assert error.reason == "cancel requested" and error.requested_at <= time.time()
+    states = [event.status.state for event in queue.events]
+    assert states[-1] == TaskState.TASK_STATE_CANCELED
+    assert states.count(TaskState.TASK_STATE_CANCELED) == 1
+
+
+class StubbornExecutor(ReportingExecutor):
+    """Swallows the first cancellation at a checkpoint and tries to carry on."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.first_report.set()
+        while not cancel_requested():
+            await asyncio.sleep(0)
+        try:
+            await checkpoint()
+        except asyncio.CancelledError as first:
+            self.errors.append(first)
+        await checkpoint()  # Level-triggered: raises again.
+        self.reports += 1
+
+
+@pytest.mark.asyncio
+async def test_checkpoints_are_level_triggered() -> None:
+    """Once cancelled, every checkpoint raises, so a swallowed one cannot keep the work going."""
+    inner, queue = StubbornExecutor(), RecordingQueue()
+    executor = CancellableExecutor(inner, grace_period=GRACE)
+    running = asyncio.ensure_future(executor.execute(run_context(), queue))
+    await within(inner.first_report.wait())
+    await within(executor._self_cancel(run_context(), queue, _deadline(GRACE), tears_down=False))
+    await within(running)
+    assert len(inner.errors) == 1 and inner.reports == 0
+
+
+def _deadline(seconds: float) -> float:
+    return asyncio.get_running_loop().time() + seconds
+
+
+# Through the handlers
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["ours", "wrapped"])
+async def test_cancel_aborts_the_call_and_releases_the_claim(kind: str) -> None:
+    """A cancel mid-step aborts the in-flight call and the claim is free when cancel returns."""
+    server = make_server(kind, ClaimingExecutor())
+    await start(server)
+    executor = server.executor
+    assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
+    assert executor.aborted_call.is_set()
+    assert executor.log == ["claimed", "scrubbed", "released"]
+    assert await stored(server, executor.task_id) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_stock_keeps_the_claim_until_the_run_is_killed_mid_write() -> None:
+    """Without the fix, the SDK kills the run wherever it is: here in the middle of a write."""
+    server = make_server("stock", WritingExecutor())
+    await start(server)
+    executor = server.executor
+    await within(executor.write.reached.wait())
+    canceller = asyncio.ensure_future(cancel(server, executor.task_id))
+    await within(executor.stopped.wait())
+    assert executor.log == ["claimed", "scrubbed", "write started", "released"]
+    canceller.cancel()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["ours", "wrapped"])
+async def test_shielded_write_finishes_before_the_claim_is_released(kind: str) -> None:
+    """A cancel during a shielded write never interrupts it; the claim is released after it.
+
+    Our handler also holds the cancel's answer until the write ends; the SDK's own handler
+    answers as soon as CANCELED is recorded, while the wrapper finishes the write behind it.
+    """
+    server = make_server(kind, WritingExecutor())
+    await start(server)
+    executor = server.executor
+    await within(executor.write.reached.wait())
+    cancelling = asyncio.ensure_future(cancel(server, executor.task_id))
+    await within(executor.cancel_called.wait())
+    for _ in range(100):  # Give a wrong implementation every chance to interrupt the write.
+        await asyncio.sleep(0)
+    assert executor.log[-1] == "write started"
+    assert cancelling.done() is (kind == "wrapped")
+    executor.write.open()
+    assert await within(cancelling, GRACE + SLACK) == "CANCELED"
+    await within(executor.stopped.wait())
+    assert executor.log == ["claimed", "scrubbed", "write started", "write finished", "released"]
+
+
+@pytest.mark.asyncio
+async def test_a_shield_that_never_ends_is_bounded_by_the_grace_period() -> None:
+    """A shielded section cannot hold the cancel past the grace period."""
+    server = make_server("ours", WritingExecutor())
+    await start(server)
+    executor = server.executor
+    await within(executor.write.reached.wait())
+    assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
+    assert executor.log == ["claimed", "scrubbed", "write started", "released"]
+
+
+class ThreadedExecutor(ScriptedExecutor):
+    """Does its step in a worker thread that checks for cancellation between chunks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread_started = threading.Event()
+        self.proceed = threading.Event()
+        self.thread_saw: list[object] = []
+
+    async def _work_step(self) -> None:
+        self.step.reached.set()
+        await asyncio.to_thread(self._chunks)
+
+    def _chunks(self) -> None:
+        self.thread_started.set()
+        self.proceed.wait(timeout=5)
+        self.thread_saw.append(cancel_requested())
+        try:
+            checkpoint()
+        except RunCancelled as error:
+            self.thread_saw.append(error)
+
+
+@pytest.mark.asyncio
+async def test_checkpoints_reach_threads_started_by_the_run() -> None:
+    """A thread started with asyncio.to_thread sees the cancel and its checkpoint raises."""
+    server = make_server("ours", ThreadedExecutor())
+    await start(server)
+    executor = server.executor
+    await within(asyncio.to_thread(executor.thread_started.wait, 5))
+    assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
+    executor.proceed.set()
+    await within(_until_thread_reported(executor))
+    assert executor.thread_saw[0] is True and isinstance(executor.thread_saw[1], RunCancelled)
+
+
+async def _until_thread_reported(executor: ThreadedExecutor) -> None:
+    while len(executor.thread_saw) < 2:
+        await asyncio.sleep(0)
+
+
+def test_public_names_are_few_and_sorted() -> None:
+    """The package exports a short, sorted list of names."""
+    assert a2a_cancelfix.__all__ == sorted(a2a_cancelfix.__all__)
+    assert len(a2a_cancelfix.__all__) <= 10
+    assert a2a_cancelfix.__version__
