@@ -166,8 +166,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         executor: CancellableExecutor = self.agent_executor  # type: ignore[assignment]
         await executor._self_cancel(request_context, _sdk.agent_queue(active), deadline, tears_down=True)
         late = loop.time() >= deadline
-        recorded = await _sdk.wait_finished(active, _MARGIN)
-        stopped = await _sdk.producer_stopped(active, _MARGIN) and await _sdk.wait_consumer(active, _MARGIN)
+        settle_by = loop.time() + _MARGIN
+        recorded = await _sdk.wait_finished(active, settle_by - loop.time())
+        stopped = await _sdk.producer_stopped(active, settle_by - loop.time())
+        stopped = stopped and await _sdk.wait_consumer(active, settle_by - loop.time())
         executor._self_forget(task.id)
         if not stopped:
             logger.warning("run of task %s did not close in time; it is force-closed", task.id)

@@ -1,0 +1,61 @@
+"""The `a2a-cancelfix check` command: table, JSON, verdict and exit status."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from a2a_cancelfix import __main__ as cli
+from a2a_cancelfix import check
+
+
+@pytest.fixture
+def two_scenarios(monkeypatch):
+    """Run a short list of scenarios, so the command's wiring is tested quickly."""
+    chosen = tuple(s for s in check.SCENARIOS if s.name in ("mid-run, cancel() empty", "cancel() hangs"))
+    monkeypatch.setattr(check, "SCENARIOS", chosen)
+    return chosen
+
+
+def test_check_prints_json_and_succeeds(two_scenarios, capsys) -> None:
+    """--json lists each scenario with stock, wrapped and our outcome, and exits 0 when ours hold."""
+    assert cli.main(["check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [row["scenario"] for row in report["scenarios"]] == [s.name for s in two_scenarios]
+    assert all(row["holds"] and row["ours"] == row["expected"] for row in report["scenarios"])
+    assert report["scenarios"][1]["stock"] == "HANG"
+    assert report["needed"] is True and "still needs a2a-cancelfix" in report["verdict"]
+
+
+def test_check_table_ends_with_the_verdict(two_scenarios, capsys) -> None:
+    """The table has a column per handler and one verdict line at the end."""
+    assert cli.main(["check"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "stock + CancellableExecutor" in lines[0] and "a2a-cancelfix handler" in lines[0]
+    assert lines[-1].startswith("a2a-sdk ") and "still needs a2a-cancelfix" in lines[-1]
+
+
+def test_check_fails_when_a_scenario_does_not_hold(two_scenarios, monkeypatch, capsys) -> None:
+    """If our handler misses a scenario, the command says so and exits non-zero."""
+    broken = (replace(two_scenarios[0], expected="something else"),)
+    monkeypatch.setattr(check, "SCENARIOS", broken)
+    assert cli.main(["check"]) == 1
+    assert "does NOT fix every scenario" in capsys.readouterr().out
+
+
+def test_runs_as_a_module() -> None:
+    """`python -m a2a_cancelfix` is the same command."""
+    result = subprocess.run(
+        [sys.executable, "-m", "a2a_cancelfix", "check", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "--json" in result.stdout
+
+
+def test_check_says_when_the_package_can_go(monkeypatch, capsys) -> None:
+    """When the stock handler passes every scenario, the verdict says to remove the package."""
+    fine = tuple(s for s in check.SCENARIOS if s.name == "cancel() publishes CANCELED")
+    monkeypatch.setattr(check, "SCENARIOS", fine)
+    assert cli.main(["check"]) == 0
+    assert "you can remove a2a-cancelfix" in capsys.readouterr().out.strip().splitlines()[-1]
