@@ -79,6 +79,7 @@ class ClaimingExecutor(ScriptedExecutor):
         async with shielded():
             self.log.append("write started")
             await self.write()
+            await checkpoint()  # Deferred inside the shield: must not raise here.
             self.log.append("write finished")
 
 
