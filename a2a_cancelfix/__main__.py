@@ -16,7 +16,15 @@ def main(argv: list[str] | None = None) -> int:
         "check", help="run the cancel scenarios against the installed a2a-sdk, stock vs ours"
     )
     check.add_argument("--json", action="store_true", help="print the results as JSON")
+    demo = commands.add_parser("demo", help="serve a demo A2A agent to cancel by hand")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
     arguments = parser.parse_args(argv)
+
+    if arguments.command == "demo":
+        from a2a_cancelfix import demo as server
+
+        return server.run(arguments.host, arguments.port)
 
     # The scenarios provoke misbehaving executors on purpose: keep their log lines quiet.
     logging.basicConfig(level=logging.CRITICAL)
