@@ -48,7 +48,6 @@ class Run:
         self.task_id = task_id
         self.reason: str | None = None
         self.requested_at: float | None = None
-        self.terminal_state: int | None = None
         self._callbacks: list[Callable[[], Any]] = []
         self._shields = 0
         self._unshielded = asyncio.Event()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("a2a_cancelfix")
 
 DEFAULT_GRACE_PERIOD = 5.0
+
+# The terminal state each run's event queue has carried, so no later event (from a late run,
+# or from a cancel) follows it. Keyed by the SDK's queue, so it lives as long as the run.
+_ended: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
@@ -61,8 +66,8 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         """Run the wrapped ``execute()`` inside a cancellation scope."""
         task_id = context.task_id or ""
         earlier = self._self_executions.get(task_id)
-        if earlier is not None and earlier.run.cancelled:
-            return  # A cancel landed between the request and its run: nothing to do.
+        if (earlier is not None and earlier.run.cancelled) or _has_ended(event_queue, context):
+            return  # The task was cancelled or ended before this request's run began.
         execution = _Execution(Run(task_id))
         self._self_executions[task_id] = execution
         execution.work = asyncio.ensure_future(
@@ -126,7 +131,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             execution = self._self_executions[task_id] = _Execution(Run(task_id))
         execution.cancelling = True
         execution.run.cancel(reason)
-        publisher = _CancelQueue(event_queue, execution.run, context)
+        publisher = _CancelQueue(event_queue, context)
         try:
             if execution.work is None and not tears_down:
                 await publisher.publish_canceled()
@@ -230,6 +235,22 @@ def terminal_state(event: object) -> int | None:
     return None
 
 
+def _has_ended(queue: Any, context: RequestContext) -> bool:
+    task = context.current_task
+    return queue in _ended or (task is not None and task.status.state in TERMINAL_STATES)
+
+
+async def _enqueue_unless_ended(queue: Any, event: Any, task_id: str) -> None:
+    """Enqueue ``event`` unless the queue already carried a terminal state: that one is final."""
+    if queue in _ended:
+        logger.debug("Dropped %s after task %s ended", type(event).__name__, task_id)
+        return
+    state = terminal_state(event)
+    if state is not None:
+        _ended[queue] = state
+    await queue.enqueue_event(event)
+
+
 class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
     """The queue ``execute()`` sees: every enqueue is a checkpoint."""
 
@@ -244,43 +265,31 @@ class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
                 logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)
                 return
             run.raise_if_cancelled()
-        state = terminal_state(event)
-        if state is not None:
-            if run.terminal_state is not None:
-                return
-            run.terminal_state = state
-        await self.__wrapped__.enqueue_event(event)
+        await _enqueue_unless_ended(self.__wrapped__, event, run.task_id)
 
 
 class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
     """The queue ``cancel()`` sees: it may publish CANCELED once; a terminal state is final."""
 
-    def __init__(self, queue: EventQueue, run: Run, context: RequestContext) -> None:
+    def __init__(self, queue: EventQueue, context: RequestContext) -> None:
         super().__init__(queue)
-        self._self_run = run
         self._self_context = context
 
     async def enqueue_event(self, event: Any) -> None:
-        run = self._self_run
         state = terminal_state(event)
-        if run.terminal_state is not None:
-            logger.debug("Dropped %s after task %s ended", type(event).__name__, run.task_id)
-            return
         if state is not None and state != CANCELED:
             logger.warning(
                 "cancel() of task %s published state %s; the task ends CANCELED instead",
-                run.task_id,
+                self._self_context.task_id,
                 state,
             )
             return
-        if state is not None:
-            run.terminal_state = state
-        await self.__wrapped__.enqueue_event(event)
+        await _enqueue_unless_ended(self.__wrapped__, event, self._self_context.task_id or "")
 
     async def publish_canceled(self) -> None:
         context = self._self_context
-        if self._self_run.terminal_state is not None or context.current_task is None:
-            return  # Nothing to do, or no task stored yet that a status could update.
+        if self.__wrapped__ in _ended or context.current_task is None:
+            return  # Already ended, or no task stored yet that a status could update.
         status = TaskStatus(state=CANCELED)
         status.timestamp.GetCurrentTime()
         await self.enqueue_event(
