@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -24,7 +25,7 @@ from a2a.types import (
 )
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.executor import CancellableExecutor
+from a2a_cancelfix.executor import CancellableExecutor, terminal_state
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -183,8 +184,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def on_message_send(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
-        """Send a message, as the SDK does; a task being canceled refuses it with an A2A error."""
-        self._refuse_if_cancelling(params)
+        """Send a message, as the SDK does; a task that ended or is being canceled refuses it."""
+        await self._refuse_if_ended(params, context)
         try:
             return await super().on_message_send(params, context)
         except _sdk.QueueShutDown as error:
@@ -193,10 +194,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
-        """Stream a message, as the SDK does; a task being canceled refuses it with an A2A error."""
-        self._refuse_if_cancelling(params)
+        """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
+        await self._refuse_if_ended(params, context)
         try:
-            async for event in super().on_message_send_stream(params, context):
+            async for event in _until_terminal(super().on_message_send_stream(params, context)):
                 yield event
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
@@ -204,21 +205,54 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def on_subscribe_to_task(  # type: ignore[override]
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
-        """Subscribe to a task the caller owns; anyone else gets ``TaskNotFoundError``."""
-        if await _sdk.read_task(self, params.id, context) is None:
+        """Subscribe to a task the caller owns; anyone else gets ``TaskNotFoundError``.
+
+        A terminal task has nothing more to stream: ``UnsupportedOperationError``, as the SDK
+        says from 1.2.0, checked before the SDK would set up (and leak) a run for it.
+        """
+        task = await _sdk.read_task(self, params.id, context)
+        if task is None:
             raise TaskNotFoundError
-        async for event in super().on_subscribe_to_task(params, context):
+        if task.status.state in _sdk.TERMINAL_STATES:
+            raise UnsupportedOperationError(
+                message=f"Task {task.id} is in terminal state {_state_name(task)}"
+            )
+        async for event in _until_terminal(super().on_subscribe_to_task(params, context)):
             yield event
 
-    def _refuse_if_cancelling(self, params: SendMessageRequest) -> None:
+    async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
+        """Refuse a message to a task being canceled or already terminal, as the spec says.
+
+        Checked before the SDK sees the message: for a terminal task it would set up a run
+        whose queues it never closes (1.0.0-1.3.0 leak two asyncio tasks per such message).
+        """
         task_id = params.message.task_id
-        if task_id and task_id in self._cancels:
+        if not task_id:
+            return
+        if task_id in self._cancels:
             raise _ended(params)
+        task = await _sdk.read_task(self, task_id, context)
+        if task is not None and task.status.state in _sdk.TERMINAL_STATES:
+            raise _ended(params)
+
+
+async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    """Yield a stream's events and end it right after a terminal one, as the spec says.
+
+    Ending here, rather than when the SDK closes the run's queues, also keeps a subscriber
+    from taking the SDK's end-of-request marker, which a2a-sdk up to 1.2.x never marks done:
+    the run's teardown would then wait for it forever.
+    """
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield event
+            if terminal_state(event) is not None:
+                return
 
 
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
     return UnsupportedOperationError(
-        message=f"Task {params.message.task_id} is canceled or being canceled"
+        message=f"Task {params.message.task_id} has ended or is being canceled"
     )
 
 
