@@ -1,0 +1,205 @@
+"""Random orders of sends, subscribes, cancels, resumes and executor steps keep the contract.
+
+CI runs a few hundred examples per a2a-sdk release; for tens of thousands:
+    A2A_CANCELFIX_EXAMPLES=20000 nox -- tests/test_interleavings.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+
+import pytest
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import (
+    CancelTaskRequest,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+)
+from a2a.utils.errors import A2AError, TaskNotCancelableError, TaskNotFoundError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from a2a_cancelfix import _sdk
+from a2a_cancelfix.check import (
+    ScriptedExecutor,
+    Stream,
+    caller,
+    make_server,
+    message,
+    reached_step,
+    state_of,
+    within,
+)
+
+GRACE = 0.05
+BOUND = GRACE + 1.5
+EXAMPLES = int(os.environ.get("A2A_CANCELFIX_EXAMPLES", "150"))
+
+
+class RecordingStore(InMemoryTaskStore):
+    """An in-memory store that remembers every state it was asked to save."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: list[int] = []
+
+    async def save(self, task: Task, *args, **kwargs) -> None:
+        self.saved.append(task.status.state)
+        await super().save(task, *args, **kwargs)
+
+
+@dataclass
+class Play:
+    """What happened in one example, for the invariants to judge."""
+
+    cancels: list[asyncio.Future] = field(default_factory=list)
+    senders: list[asyncio.Future] = field(default_factory=list)
+    streams: list[tuple[str, Stream]] = field(default_factory=list)
+
+
+setups = st.fixed_dictionaries(
+    {
+        "park": st.booleans(),
+        "cancel": st.sampled_from(["empty", "publish", "raise", "hang"]),
+        "swallow": st.booleans(),
+        "send": st.sampled_from(["stream", "blocking", "immediate"]),
+    }
+)
+actions = st.lists(
+    st.one_of(
+        st.sampled_from(["cancel", "cancels", "subscribe", "resume", "step"]),
+        st.integers(min_value=1, max_value=30),  # let the loop run this many turns
+    ),
+    min_size=1,
+    max_size=7,
+)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=os.environ.get("A2A_CANCELFIX_EXAMPLES") is None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(setup=setups, steps=actions)
+def test_any_interleaving_keeps_the_contract(setup: dict, steps: list) -> None:
+    """Cancels answer CANCELED or an A2A error in time, terminal states stay, streams end, nothing leaks."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(play(setup, steps), 30))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def play(setup: dict, steps: list) -> None:
+    baseline = asyncio.all_tasks()
+    store = RecordingStore()
+    executor = ScriptedExecutor(park=setup["park"], cancel=setup["cancel"], swallow=setup["swallow"])
+    server = make_server("ours", executor, store=store, cancel_grace_period=GRACE)
+    handler = server.handler
+    happened = Play()
+
+    configuration = SendMessageConfiguration(return_immediately=setup["send"] == "immediate")
+    request = SendMessageRequest(message=message(), configuration=configuration)
+    if setup["send"] == "stream":
+        happened.streams.append(("sender", Stream(handler.on_message_send_stream(request, caller()))))
+    else:
+        happened.senders.append(asyncio.ensure_future(handler.on_message_send(request, caller())))
+    await reached_step(server)
+    task_id = executor.task_id
+
+    def cancel() -> asyncio.Future:
+        return asyncio.ensure_future(
+            asyncio.wait_for(handler.on_cancel_task(CancelTaskRequest(id=task_id), caller()), BOUND)
+        )
+
+    for step in steps:
+        if step == "cancel":
+            happened.cancels.append(cancel())
+        elif step == "cancels":
+            happened.cancels += [cancel(), cancel()]
+        elif step == "subscribe":
+            subscription = handler.on_subscribe_to_task(SubscribeToTaskRequest(id=task_id), caller())
+            happened.streams.append(("subscriber", Stream(subscription)))
+        elif step == "resume":
+            resume = SendMessageRequest(message=message("more", task_id=task_id))
+            happened.senders.append(asyncio.ensure_future(handler.on_message_send(resume, caller())))
+        elif step == "step":
+            executor.step.open()
+        else:
+            for _ in range(step):
+                await asyncio.sleep(0)
+
+    if happened.cancels:
+        await asyncio.wait(happened.cancels, timeout=BOUND * 2)
+    final_cancel = cancel()  # Ends any task the steps left running, so every stream must end.
+    await asyncio.wait([final_cancel], timeout=BOUND * 2)
+    happened.cancels.append(final_cancel)
+    executor.released.set()
+
+    # 1. Every cancel answered in time: CANCELED, TaskNotFound or TaskNotCancelable.
+    outcomes = []
+    for attempt in happened.cancels:
+        assert attempt.done(), "a cancel did not answer within the grace period"
+        error = attempt.exception()
+        assert error is None or isinstance(error, (TaskNotFoundError, TaskNotCancelableError)), error
+        outcomes.append("CANCELED" if error is None else type(error).__name__)
+        if error is None:
+            assert attempt.result().status.state == _sdk.CANCELED
+
+    # 2. A terminal state, once saved, is never replaced.
+    terminal = [state for state in store.saved if state in _sdk.TERMINAL_STATES]
+    assert terminal, "the task never reached a terminal state"
+    first = store.saved.index(terminal[0])
+    assert set(store.saved[first:]) == {terminal[0]}, store.saved
+    if "CANCELED" in outcomes:
+        assert terminal[0] == _sdk.CANCELED
+
+    # 3. Every stream ended; a stream still open when the task ended saw that terminal state last.
+    for kind, stream in happened.streams:
+        assert await stream.ended(BOUND), f"a {kind} stream never ended"
+        if stream.error is not None:
+            assert isinstance(stream.error, A2AError), stream.error
+            continue
+        last = state_of(stream.events[-1]) if stream.events else None
+        parked_answer = kind == "sender" and last == "INPUT_REQUIRED"
+        assert parked_answer or last == _state_name(terminal[0]), (kind, last)
+
+    # 4. Blocking senders got a task or an A2A error, never an internal exception.
+    if happened.senders:
+        await asyncio.wait(happened.senders, timeout=BOUND)
+    for sender in happened.senders:
+        assert sender.done(), "a blocking sender never got an answer"
+        assert sender.exception() is None or isinstance(sender.exception(), A2AError)
+
+    # 5. Nothing of the task is left behind.
+    await within(_nothing_left(server, task_id, baseline), BOUND)
+    assert handler._cancels == {}
+    assert handler.agent_executor._self_executions == {}
+
+
+async def _nothing_left(server, task_id: str, baseline: set) -> None:
+    registry = server.handler._active_task_registry
+    while await registry.get(task_id) is not None or asyncio.all_tasks() - baseline - {
+        asyncio.current_task()
+    }:
+        await asyncio.sleep(0)
+
+
+def _state_name(state: int) -> str:
+    from a2a.types import TaskState
+
+    return TaskState.Name(state).removeprefix("TASK_STATE_")
+
+
+@pytest.mark.parametrize("steps", [["cancel"], ["step", "cancel"], ["resume", "cancels", 3, "subscribe"]])
+def test_named_orders(steps: list) -> None:
+    """A few orders spelled out, so a regression names itself."""
+    test_any_interleaving_keeps_the_contract.hypothesis.inner_test(
+        setup={"park": True, "cancel": "empty", "swallow": False, "send": "stream"}, steps=steps
+    )
