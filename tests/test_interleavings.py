@@ -10,7 +10,6 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 
-import pytest
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
@@ -197,9 +196,30 @@ def _state_name(state: int) -> str:
     return TaskState.Name(state).removeprefix("TASK_STATE_")
 
 
-@pytest.mark.parametrize("steps", [["cancel"], ["step", "cancel"], ["resume", "cancels", 3, "subscribe"]])
-def test_named_orders(steps: list) -> None:
-    """A few orders spelled out, so a regression names itself."""
-    test_any_interleaving_keeps_the_contract.hypothesis.inner_test(
-        setup={"park": True, "cancel": "empty", "swallow": False, "send": "stream"}, steps=steps
-    )
+def replay(setup: dict, steps: list) -> None:
+    """Run one interleaving, as hypothesis would."""
+    test_any_interleaving_keeps_the_contract.hypothesis.inner_test(setup=setup, steps=steps)
+
+
+WORKING_STREAM = {"park": False, "cancel": "empty", "swallow": False, "send": "stream"}
+PARKED_STREAM = {**WORKING_STREAM, "park": True}
+
+
+def test_a_message_after_the_task_ended_leaks_nothing() -> None:
+    """Found by hypothesis: the SDK set up a run for a message to an ended task and leaked it."""
+    replay(WORKING_STREAM, ["step", 17, "cancel", "resume"])
+
+
+def test_a_subscriber_does_not_stall_the_run_teardown() -> None:
+    """Found by hypothesis: a subscriber took the SDK's end-of-request marker and hung its teardown."""
+    replay(WORKING_STREAM, ["subscribe", "step", 1])
+
+
+def test_a_queued_message_cannot_run_after_completion() -> None:
+    """Found by hypothesis: a queued message ran after COMPLETED and a cancel then wrote CANCELED over it."""
+    replay(WORKING_STREAM, ["resume", "step"])
+
+
+def test_subscribing_after_a_cancel_leaks_nothing() -> None:
+    """Found by hypothesis: subscribing to a canceled task made the SDK set up and leak a run."""
+    replay(PARKED_STREAM, ["cancel", 19, "subscribe"])
