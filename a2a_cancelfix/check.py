@@ -173,6 +173,55 @@ class ScriptedExecutor(AgentExecutor):
             await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
 
 
+class FleetExecutor(AgentExecutor):
+    """Many tasks at once: a message saying "park" asks for input, any other works until released."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        if context.current_task is None:
+            await event_queue.enqueue_event(new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED))
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        if context.get_user_input() == "park":
+            await updater.requires_input()
+            return
+        await updater.start_work()
+        await self.released.wait()
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+async def start_fleet(server: Server, count: int) -> dict[str, Stream]:
+    """Start ``count`` streamed tasks, half working and half parked; wait until all are stored so."""
+    settled = asyncio.Event()
+    seen: set[int] = set()
+
+    def note(index: int) -> Callable[[Any], None]:
+        def on_event(event: Any) -> None:
+            if state_of(event) in ("WORKING", "INPUT_REQUIRED"):
+                seen.add(index)
+                if len(seen) == count:
+                    settled.set()
+
+        return on_event
+
+    streams = [
+        Stream(
+            server.handler.on_message_send_stream(
+                SendMessageRequest(message=message("park" if index % 2 else "work")), caller()
+            ),
+            note(index),
+        )
+        for index in range(count)
+    ]
+    await within(settled.wait(), BOUND + count / 20)
+    return {stream.events[0].id: stream for stream in streams}
+
+
 def _io(seconds: float) -> None:
     """Stand in for the network round trip of a real ``cancel()``."""
     import time
@@ -227,11 +276,12 @@ def make_server(
     *,
     store: TaskStore | None = None,
     owner: str = "alice",
+    push: bool = True,
     **options: Any,
 ) -> Server:
-    """Build the stock handler or ours around ``executor``."""
+    """Build the stock handler, the stock handler around our wrapper, or ours, around ``executor``."""
     store = store if store is not None else InMemoryTaskStore()
-    push = PushReceiver()
+    receiver = PushReceiver()
     configs = InMemoryPushNotificationConfigStore()
     card = AgentCard(
         name="check",
@@ -239,13 +289,10 @@ def make_server(
         version="1",
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
     )
-    arguments: dict[str, Any] = dict(
-        agent_executor=executor,
-        task_store=store,
-        agent_card=card,
-        push_config_store=configs,
-        push_sender=BasePushNotificationSender(push.client, configs, caller(owner)),
-    )
+    arguments: dict[str, Any] = dict(agent_executor=executor, task_store=store, agent_card=card)
+    if push:
+        arguments["push_config_store"] = configs
+        arguments["push_sender"] = BasePushNotificationSender(receiver.client, configs, caller(owner))
     if kind == "ours":
         options.setdefault("cancel_grace_period", GRACE)
         handler: DefaultRequestHandlerV2 = DefaultRequestHandler(**arguments, **options)
@@ -253,7 +300,7 @@ def make_server(
         if kind == "wrapped":
             arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)
         handler = DefaultRequestHandlerV2(**arguments)
-    return Server(handler, executor, store, push)
+    return Server(handler, executor, store, receiver)
 
 
 def message(text: str = "go", task_id: str = "") -> Message:
@@ -265,15 +312,20 @@ def message(text: str = "go", task_id: str = "") -> Message:
 class Stream:
     """Drain a handler's event stream in the background; remember every event."""
 
-    def __init__(self, events: AsyncIterator[Any]) -> None:
+    def __init__(
+        self, events: AsyncIterator[Any], on_event: Callable[[Any], None] | None = None
+    ) -> None:
         self.events: list[Any] = []
         self.error: BaseException | None = None
+        self._on_event = on_event
         self.task = asyncio.ensure_future(self._drain(events))
 
     async def _drain(self, events: AsyncIterator[Any]) -> None:
         try:
             async for event in events:
                 self.events.append(event)
+                if self._on_event is not None:
+                    self._on_event(event)
         except Exception as error:  # The stream's outcome, reported by ``last``.
             self.error = error
 
