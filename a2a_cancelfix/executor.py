@@ -188,8 +188,9 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         work = execution.work
         if work is None or work.done() or execution.abandoned.done():
             return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(execution.run.wait_unshielded(), _remaining(deadline))
+        if execution.run.shielded:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(execution.run.wait_unshielded(), _remaining(deadline))
         work.cancel()
         await asyncio.wait({work}, timeout=_remaining(deadline))
         if not work.done():

@@ -72,6 +72,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_parked = on_parked
         self.on_canceled = on_canceled
         self._cancels: dict[str, asyncio.Future[Task]] = {}
+        self._teardowns: set[asyncio.Future[None]] = set()
 
     async def on_cancel_task(  # type: ignore[override]
         self, params: CancelTaskRequest, context: ServerCallContext
@@ -167,19 +168,28 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         executor: CancellableExecutor = self.agent_executor  # type: ignore[assignment]
         await executor._self_cancel(request_context, _sdk.agent_queue(active), deadline, tears_down=True)
         late = loop.time() >= deadline
-        settle_by = loop.time() + _MARGIN
-        recorded = await _sdk.wait_finished(active, settle_by - loop.time())
-        stopped = await _sdk.producer_stopped(active, settle_by - loop.time())
-        stopped = stopped and await _sdk.wait_consumer(active, settle_by - loop.time())
-        executor._self_forget(task.id)
-        if not stopped:
-            logger.warning("run of task %s did not close in time; it is force-closed", task.id)
-            await _sdk.force_close(active)
+        recorded = await _sdk.wait_finished(active, _MARGIN)
         result = await _sdk.read_task(self, task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
+            await _sdk.force_close(active)
+            executor._self_forget(task.id)
             return await self._write_canceled(task.id, context), True
+        # The answer is known; the run's own teardown (closing queues, ending streams) goes on.
+        teardown = asyncio.ensure_future(self._tear_down(active, task.id))
+        self._teardowns.add(teardown)
+        teardown.add_done_callback(self._teardowns.discard)
         return result, late
+
+    async def _tear_down(self, active: Any, task_id: str) -> None:
+        """Let the run close itself, within the margin; force it closed if it does not."""
+        loop = asyncio.get_running_loop()
+        settle_by = loop.time() + _MARGIN
+        stopped = await _sdk.producer_stopped(active, settle_by - loop.time())
+        if not (stopped and await _sdk.wait_consumer(active, settle_by - loop.time())):
+            logger.warning("run of task %s did not close in time; it is force-closed", task_id)
+            await _sdk.force_close(active)
+        self.agent_executor._self_forget(task_id)
 
     async def on_message_send(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
