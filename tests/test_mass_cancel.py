@@ -6,6 +6,9 @@ import tracemalloc
 
 import pytest
 
+from a2a.server.agent_execution.active_task import ActiveTask
+
+from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.check import FleetExecutor, caller, cancel, make_server, start_fleet, within
 
 COUNT = 200
@@ -31,6 +34,7 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot().filter_traces(LOOP_TABLES)
+        runs_before = _live(ActiveTask)
         baseline_tasks = asyncio.all_tasks()
 
         async def drained() -> None:
@@ -45,10 +49,11 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
         after = tracemalloc.take_snapshot().filter_traces(LOOP_TABLES)
     finally:
         tracemalloc.stop()
-    # Dict tables reallocate as keys come and go: a few kB, whatever the number of rounds.
-    # A leak of anything per task (a Task, a run, a queue) costs far more than 128 bytes.
+    # Dict tables reallocate as keys come and go: tens of kB, whatever the number of rounds.
+    # A run left behind (its queues, tasks and Task) costs several kB per task.
     kept = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-    assert kept < 128 * COUNT * ROUNDS, f"{kept} bytes kept after {COUNT * ROUNDS} cancels"
+    assert kept < 512 * COUNT * ROUNDS, f"{kept} bytes kept after {COUNT * ROUNDS} cancels"
+    assert _live(ActiveTask) == runs_before and _live(Run) == 0
     assert server.handler._cancels == {} and server.handler.agent_executor._self_executions == {}
 
 
@@ -65,3 +70,9 @@ async def _forget_stored_tasks(server) -> None:
     """Delete the finished tasks: the store keeps them by design, which is not a leak."""
     for task_id in list(server.store._impl.tasks.get("alice", {})):
         await server.store.delete(task_id, caller())
+
+
+def _live(kind: type) -> int:
+    """How many objects of ``kind`` are alive."""
+    gc.collect()
+    return sum(1 for thing in gc.get_objects() if isinstance(thing, kind))
