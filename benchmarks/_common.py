@@ -1,0 +1,66 @@
+"""What the benchmarks share: handlers built the same way, timing, and a report line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from a2a.helpers import new_task
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import TaskState
+
+from a2a_cancelfix._sdk import SDK_VERSION
+
+logging.basicConfig(level=logging.CRITICAL)
+
+
+class QuickExecutor(AgentExecutor):
+    """Creates the task, reports WORKING and completes: the work a hot path carries."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        await event_queue.enqueue_event(new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED))
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        await updater.start_work()
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+def header(title: str) -> None:
+    print(f"\n== {title} (a2a-sdk {SDK_VERSION})")
+
+
+def interleaved(
+    measure: Callable[[str], Awaitable[float]], kinds: tuple[str, ...], rounds: int
+) -> dict[str, float]:
+    """Median of ``rounds`` measurements per kind, alternating kinds so drift hits both alike."""
+    results: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            results[kind].append(asyncio.run(measure(kind)))
+    return {kind: statistics.median(values) for kind, values in results.items()}
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def clock() -> float:
+    return time.perf_counter()
+
+
+def ratio(ours: float, stock: float) -> str:
+    return f"{ours / stock:.3f}" if stock else "n/a"
+
+
+def quiet(*args: Any) -> None:
+    return None

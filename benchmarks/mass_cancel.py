@@ -1,0 +1,52 @@
+"""Mass cancel: time and peak memory per task at growing sizes, ours vs stock."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import tracemalloc
+
+from a2a_cancelfix.check import FleetExecutor, cancel, make_server, start_fleet
+
+from _common import clock, header, ratio
+
+
+async def cancel_all(kind: str, count: int) -> tuple[float, float, dict[str, int]]:
+    """Seconds to cancel ``count`` live tasks (half parked) at once, peak bytes per task, answers."""
+    server = make_server(kind, FleetExecutor(), push=False)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        streams = await start_fleet(server, count)
+        started = clock()
+        answers = await asyncio.gather(*(cancel(server, task_id) for task_id in streams))
+        elapsed = clock() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    server.executor.released.set()
+    await asyncio.wait([stream.task for stream in streams.values()], timeout=30)
+    tally: dict[str, int] = {}
+    for answer in answers:
+        tally[answer] = tally.get(answer, 0) + 1
+    return elapsed, peak / count, tally
+
+
+def main(quick: bool) -> None:
+    sizes = (100, 1000) if quick else (100, 1000, 10000)
+    header("mass cancel: live tasks (half running, half parked) cancelled concurrently")
+    for count in sizes:
+        rows = {kind: asyncio.run(cancel_all(kind, count)) for kind in ("stock", "ours")}
+        (s_time, s_mem, s_tally), (o_time, o_mem, o_tally) = rows["stock"], rows["ours"]
+        print(
+            f"{count:6} tasks  stock {s_time:7.3f} s {s_mem / 1024:6.1f} KiB/task {s_tally}  "
+            f"ours {o_time:7.3f} s ({o_time / count * 1e6:6.0f} us/task) {o_mem / 1024:6.1f} KiB/task {o_tally}  "
+            f"time ours/stock {ratio(o_time, s_time)}"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    main(parser.parse_args().quick)

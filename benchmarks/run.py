@@ -1,0 +1,28 @@
+"""Run every benchmark: `python benchmarks/run.py [--quick]`."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import cancel_latency  # noqa: E402
+import checkpoint_cost  # noqa: E402
+import hot_path  # noqa: E402
+import mass_cancel  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
+    quick = parser.parse_args().quick
+    print(f"python {platform.python_version()} on {platform.machine()}, {platform.processor() or 'cpu'}")
+    for benchmark in (hot_path, cancel_latency, checkpoint_cost, mass_cancel):
+        benchmark.main(quick)
+
+
+if __name__ == "__main__":
+    main()
