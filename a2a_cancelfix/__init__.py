@@ -10,6 +10,7 @@ from a2a_cancelfix.checkpoints import (
 )
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
+from a2a_cancelfix.store import FinalStateTaskStore
 
 DefaultRequestHandlerV2 = DefaultRequestHandler
 
@@ -17,6 +18,7 @@ __all__ = [
     "CancellableExecutor",
     "DefaultRequestHandler",
     "DefaultRequestHandlerV2",
+    "FinalStateTaskStore",
     "RunCancelled",
     "cancel_requested",
     "cancellable",

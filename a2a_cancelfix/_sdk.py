@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import logging
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import active_task as _active_task_module
@@ -181,4 +182,37 @@ async def write_canceled(
     canceled.CopyFrom(task)
     canceled.status.state = CANCELED
     await handler.task_store.save(canceled, context)
-    return canceled
+    # Read back: a store that keeps terminal states final may have refused the write.
+    return await handler.task_store.get(task_id, context)
+
+
+# The stores' insides, for FinalStateTaskStore's one-step guarded write.
+
+
+def database_row(store: Any, task: Task, context: ServerCallContext) -> Any:
+    """The ORM row ``DatabaseTaskStore.save`` would merge for ``task``."""
+    return store._to_orm(task, store.owner_resolver(context))  # 1.0.0-1.3.0
+
+
+def database_transaction(store: Any) -> Any:
+    """A session in a transaction on the store's engine (``async with``)."""
+    return store.async_session_maker.begin()  # 1.0.0-1.3.0
+
+
+def task_from_row(store: Any, row: Any) -> Task:
+    return store._from_orm(row)  # 1.0.0-1.3.0
+
+
+@dataclass(frozen=True)
+class MemoryTasks:
+    """An InMemoryTaskStore's dict ``tasks[owner][task_id]``, its lock and how it saves."""
+
+    tasks: dict[str, dict[str, Task]]
+    lock: Any  # asyncio.Lock in 1.0.0-1.1.2, threading.RLock from 1.1.3
+    owner_resolver: Any
+    copying: bool  # saves a copy unless built with use_copying=False
+
+
+def memory_tasks(store: Any) -> MemoryTasks:
+    impl = store._impl  # _InMemoryTaskStoreImpl behind the copying adapter: 1.0.0-1.3.0
+    return MemoryTasks(impl.tasks, impl.lock, impl.owner_resolver, store._store is not impl)

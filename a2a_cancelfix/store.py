@@ -1,0 +1,201 @@
+"""Make a terminal state final, enforced by the task store itself.
+
+``FinalStateTaskStore(store)`` is the ``TaskStore`` to hand the handler. The rule: once the
+stored task is COMPLETED, FAILED, CANCELED or REJECTED, it never changes again. Every later
+``save`` of it is refused, whatever it carries (another state, new artifacts, or the same
+terminal state with one more message), the stored task stays exactly as it was, and one WARNING
+names the task, the stored and the refused state. A refusal returns normally: the SDK saves from
+its event consumer, where an exception would leave the run or its streams hanging. The "stored
+task" is the one the save would replace: the row with that id in a ``DatabaseTaskStore``, whose
+primary key is the id alone, and the entry of that owner and id in an ``InMemoryTaskStore``.
+get, list and delete go straight to the wrapped store, owner scoping included.
+
+The check and the write are one step of the store, never a read then a write in Python:
+
+* ``DatabaseTaskStore`` (SQLite, PostgreSQL): one statement, in one transaction, on the SDK's
+  own row (``_to_orm`` builds it, as ``save`` does in 1.0.0-1.3.0)::
+
+      INSERT INTO <table> (...) VALUES (...)
+      ON CONFLICT (id) DO UPDATE SET <every column> = excluded.<column>
+      WHERE <table>.status ->> 'state' IS NULL OR <it> NOT IN (<terminal state names>)
+      RETURNING id
+
+  ``status`` is a JSON column holding ``MessageToDict(task.status)`` in every release, so the
+  state is ``'TASK_STATE_CANCELED'``, or ``'canceled'`` in a row written in the v0.3 format;
+  both spellings count. SQLite reads it with ``JSON_EXTRACT`` and serialises writers;
+  PostgreSQL locks the conflicting row and evaluates the WHERE on its latest committed version.
+  No row returned means refused; a SELECT in the same transaction then fetches the stored state,
+  only for the WARNING. The statement is the same in every release; other databases are refused
+  at construction rather than guarded by a race.
+* ``InMemoryTaskStore``: the check and the write under the store's own lock (an
+  ``asyncio.Lock`` in 1.0.0-1.1.2, a ``threading.RLock`` from 1.1.3), with no await between them.
+
+A subclass of the SDK's ``TaskStore`` ABC, not a wrapt proxy: a proxy would pass
+``isinstance(store, DatabaseTaskStore)`` and hand out the wrapped engine and dict, so code that
+recognises the concrete store could write past the guard. This class is a ``TaskStore`` and no
+more; the wrapped store is ``.wrapped`` (e.g. for ``await store.wrapped.initialize()``).
+
+a2a-sdk 1.2.0+: the handler and ``TaskManager`` see that this is not a ``VersionedTaskStore`` and
+wrap it in ``LegacyTaskStoreAdapter``, whose ``save`` calls our ``save`` exactly once, drops the
+version arguments and returns ``TaskVersion.MISSING``; reads go through the adapter's ``get``.
+So every write still meets the guard, no compare-and-swap applies, and
+``ConcurrentTaskModificationError`` is never raised: the SDK's reload-and-retry paths and
+``VersionedDatabaseTaskStore``'s contention retries are not involved (1.2.3, 1.3.0).
+
+What a refusal does not change: the replica whose save was refused still streams, and answers
+its blocking sender with, what its own run published (say COMPLETED after another replica
+stored CANCELED); the store, and so GetTask and every later reader, keeps the terminal state
+written first. Two first saves of one id at once both land (one inserts, the other updates),
+where the SDK's merge (a SELECT, then an INSERT) fails one of them with an IntegrityError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskStore
+from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
+
+from a2a_cancelfix import _sdk
+from a2a_cancelfix._sdk import TERMINAL_STATES
+
+logger = logging.getLogger("a2a_cancelfix")
+
+__all__ = ["FinalStateTaskStore"]
+
+# Writes ``task`` unless the stored copy is terminal; returns None, or the stored state.
+_Write = Callable[[Task, ServerCallContext], Awaitable[int | None]]
+
+# The stored ``status.state``: the enum name (1.0 rows), or the v0.3 value ('canceled').
+_TERMINAL_NAMES = sorted(
+    name
+    for state in TERMINAL_STATES
+    for name in (TaskState.Name(state), TaskState.Name(state).removeprefix("TASK_STATE_").lower())
+)
+
+
+class FinalStateTaskStore(TaskStore):
+    """Wrap a ``DatabaseTaskStore`` or an ``InMemoryTaskStore`` so that a terminal state is final.
+
+    ``DefaultRequestHandler(executor, FinalStateTaskStore(DatabaseTaskStore(engine)), ...)``.
+    Any other store raises ``TypeError``: the guard would be a read then a write, a race.
+    """
+
+    def __init__(self, store: TaskStore) -> None:
+        self.wrapped = store
+        if isinstance(store, DatabaseTaskStore):
+            self._write = _database_write(store)
+        elif isinstance(store, InMemoryTaskStore):
+            self._write = _memory_write(store)
+        else:
+            raise TypeError(
+                "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore, "
+                f"not {type(store).__name__}"
+            )
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
+        stored = await self._write(task, context)
+        if stored is not None:
+            logger.warning(
+                "refused save task=%s stored=%s refused=%s: a terminal state is final",
+                task.id,
+                TaskState.Name(stored),
+                TaskState.Name(task.status.state),
+            )
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+        """Get the task from the wrapped store, scoped to the caller as it scopes it."""
+        return await self.wrapped.get(task_id, context)
+
+    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        """List the caller's tasks from the wrapped store."""
+        return await self.wrapped.list(params, context)
+
+    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+        """Delete the task from the wrapped store (a delete is not a save: it is not refused)."""
+        await self.wrapped.delete(task_id, context)
+
+
+def _database_write(store: DatabaseTaskStore) -> _Write:
+    """Return the guarded write for a DatabaseTaskStore: one conditional upsert."""
+    # SQLAlchemy is only there with a2a-sdk's database extras, so it is imported here.
+    import sqlalchemy as sa
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    dialect = store.engine.dialect.name
+    upsert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect)
+    if upsert is None:
+        raise TypeError(
+            f"FinalStateTaskStore guards a DatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
+        )
+
+    def statement(row: Any) -> Any:
+        mapper = sa.inspect(type(row))
+        table = mapper.local_table
+        # The columns the SDK's merge would write: those the row sets.
+        given = sa.inspect(row).dict
+        values = {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
+        insert = upsert(table).values(values)
+        # A row without a state (MessageToDict omits UNSPECIFIED) is not terminal, but
+        # NOT IN alone would read its NULL as "refuse".
+        stored_state = table.c.status["state"].as_string()
+        return insert.on_conflict_do_update(
+            index_elements=list(table.primary_key),
+            set_={c: insert.excluded[c.key] for c in values if not c.primary_key},
+            where=sa.or_(stored_state.is_(None), stored_state.not_in(_TERMINAL_NAMES)),
+        ).returning(*table.primary_key)
+
+    async def write(task: Task, context: ServerCallContext) -> int | None:
+        await store.initialize()  # creates the table once, as the SDK's save does
+        row = _sdk.database_row(store, task, context)
+        async with _sdk.database_transaction(store) as session:
+            if (await session.execute(statement(row))).first() is not None:
+                return None
+            # Only for the WARNING: the statement above has already decided.
+            model = type(row)
+            kept = await session.scalar(sa.select(model).where(model.id == task.id))
+            if kept is None:  # deleted by another writer between the two statements
+                return TaskState.TASK_STATE_UNSPECIFIED
+            return _sdk.task_from_row(store, kept).status.state
+
+    return write
+
+
+def _memory_write(store: InMemoryTaskStore) -> _Write:
+    """Return the guarded write for an InMemoryTaskStore: check and write under its lock."""
+    memory = _sdk.memory_tasks(store)
+
+    async def write(task: Task, context: ServerCallContext) -> int | None:
+        owner = memory.owner_resolver(context)
+        async with _held(memory.lock):
+            stored = memory.tasks.get(owner, {}).get(task.id)
+            if stored is not None and stored.status.state in TERMINAL_STATES:
+                return stored.status.state
+            memory.tasks.setdefault(owner, {})[task.id] = _copy(task) if memory.copying else task
+            return None
+
+    return write
+
+
+def _copy(task: Task) -> Task:
+    """Return a copy of ``task``, as the SDK's CopyingTaskStoreAdapter stores it."""
+    copy = Task()
+    copy.CopyFrom(task)
+    return copy
+
+
+@contextlib.asynccontextmanager
+async def _held(lock: Any) -> AsyncIterator[None]:
+    """Hold the in-memory store's lock, whichever kind this release uses."""
+    if isinstance(lock, asyncio.Lock):  # 1.0.0-1.1.2
+        async with lock:
+            yield
+    else:  # threading.RLock: 1.1.3+; never held across an await, as nothing inside awaits
+        with lock:
+            yield
