@@ -42,9 +42,21 @@ class RunCancelled(asyncio.CancelledError):
 
 
 class Run:
-    """The cancellation scope of one ``execute()`` call of one task."""
+    """The cancellation scope of one ``execute()`` call of one task.
 
-    def __init__(self, task_id: str) -> None:
+    Args:
+        task_id: the task the run works on.
+        watch: called at most once per ``interval`` from an awaited checkpoint (and before
+            a terminal event is enqueued) to learn of a cancel recorded elsewhere, such as
+            by another replica in a shared task store; it calls ``cancel`` when it finds one.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        watch: Callable[[], Awaitable[None]] | None = None,
+        interval: float = 1.0,
+    ) -> None:
         self.task_id = task_id
         self.reason: str | None = None
         self.requested_at: float | None = None
@@ -52,6 +64,9 @@ class Run:
         self._shields = 0
         self._unshielded = asyncio.Event()
         self._unshielded.set()
+        self._watch = watch
+        self._interval = interval
+        self._next_watch = time.monotonic() + interval
 
     @property
     def cancelled(self) -> bool:
@@ -83,6 +98,20 @@ class Run:
 
     async def wait_unshielded(self) -> None:
         await self._unshielded.wait()
+
+    def watch_due(self) -> bool:
+        return self._watch is not None and not self.cancelled and time.monotonic() >= self._next_watch
+
+    async def look(self) -> None:
+        """Look for a cancel recorded elsewhere now (``watch`` cancels the run if it finds one)."""
+        if self._watch is not None and not self.cancelled:
+            self._next_watch = time.monotonic() + self._interval
+            await self._watch()
+
+    async def watch(self) -> None:
+        """Look for a cancel recorded elsewhere now; raise if there is one (or was one)."""
+        await self.look()
+        self.raise_if_cancelled()
 
     def _enter_shield(self) -> None:
         self._shields += 1
@@ -122,20 +151,35 @@ class _Ready:
 _READY = _Ready()
 
 
+class _Watch:
+    """An awaitable that looks for a cancel recorded elsewhere; inert unless awaited."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self.run.watch().__await__()
+
+
 def checkpoint() -> Awaitable[None]:
     """Raise `RunCancelled` if this run's task was cancelled; else return at once.
 
-    Use ``await checkpoint()`` in coroutines. In a thread started from the run with
-    ``asyncio.to_thread``, a plain ``checkpoint()`` call raises the same way. Outside a run
-    there is nothing to cancel and it returns at once. Inside ``shielded()`` it never raises.
+    Use ``await checkpoint()`` in coroutines: at most once per poll interval it also asks the
+    task store whether another replica cancelled the task. In a thread started from the run
+    with ``asyncio.to_thread``, a plain ``checkpoint()`` call raises the same way (it cannot
+    ask the store). Outside a run there is nothing to cancel and it returns at once. Inside
+    ``shielded()`` it never raises.
 
     Raises:
         RunCancelled: once the cancel was requested, at every call.
     """
     run = _current_run.get()
-    if run is not None:
-        run.raise_if_cancelled()
-    return _READY
+    if run is None:
+        return _READY
+    run.raise_if_cancelled()
+    return _Watch(run) if run.watch_due() else _READY
 
 
 def cancel_requested() -> bool:
@@ -214,9 +258,9 @@ def cancellable(step: Callable[P, Any]) -> Callable[P, Any]:
 
         @functools.wraps(step)
         async def async_step(*args: P.args, **kwargs: P.kwargs) -> Any:
-            checkpoint()
+            await checkpoint()
             result = await step(*args, **kwargs)
-            checkpoint()
+            await checkpoint()
             return result
 
         return async_step

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -20,8 +21,10 @@ from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Run, enter_run
 
+from a2a.server.agent_execution import RequestContext
+
 if TYPE_CHECKING:
-    from a2a.server.agent_execution import AgentExecutor, RequestContext
+    from a2a.server.agent_execution import AgentExecutor
     from a2a.server.events.event_queue import EventQueue
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -61,6 +64,9 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         super().__init__(executor)
         self._self_grace_period = grace_period
         self._self_executions: dict[str, _Execution] = {}
+        self._self_store: Callable[[RequestContext], Awaitable[Task | None]] | None = None
+        self._self_poll_interval = 1.0
+        self._self_remote_cancels: set[asyncio.Future[None]] = set()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Run the wrapped ``execute()`` inside a cancellation scope."""
@@ -68,7 +74,8 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         earlier = self._self_executions.get(task_id)
         if (earlier is not None and earlier.run.cancelled) or _has_ended(event_queue, context):
             return  # The task was cancelled or ended before this request's run began.
-        execution = _Execution(Run(task_id))
+        watch = self._self_watcher(context, event_queue) if self._self_store is not None else None
+        execution = _Execution(Run(task_id, watch, self._self_poll_interval))
         self._self_executions[task_id] = execution
         execution.work = asyncio.ensure_future(
             self._self_work(execution.run, context, _RunQueue(event_queue, execution.run))
@@ -97,6 +104,47 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         deadline = self._self_deadline(self._self_grace_period)
         await self._self_cancel(context, event_queue, deadline, tears_down=False)
         self._self_forget(context.task_id or "")
+
+    def _self_watch_store(
+        self, read: Callable[[RequestContext], Awaitable[Task | None]], interval: float
+    ) -> None:
+        """Let runs learn, at checkpoints, of a cancel another replica recorded in the store."""
+        self._self_store, self._self_poll_interval = read, interval
+
+    def _self_watcher(
+        self, context: RequestContext, event_queue: EventQueue
+    ) -> Callable[[], Awaitable[None]]:
+        async def watch() -> None:
+            assert self._self_store is not None
+            stored = await self._self_store(context)
+            if stored is not None and stored.status.state == CANCELED:
+                self._self_cancel_here(context, event_queue, stored)
+
+        return watch
+
+    def _self_cancel_here(
+        self, context: RequestContext, event_queue: EventQueue, stored: Task
+    ) -> None:
+        """Cancel this replica's run of a task that another replica cancelled in the store."""
+        reason = "canceled on another replica"
+        execution = self._self_executions.get(stored.id)
+        if execution is None or execution.cancelling:
+            return
+        execution.cancelling = True
+        execution.run.cancel(reason)  # Now, so the checkpoint that found it raises.
+        here = RequestContext(
+            call_context=context.call_context,
+            task_id=stored.id,
+            context_id=stored.context_id,
+            task=stored,
+        )
+        deadline = self._self_deadline(self._self_grace_period)
+        cancelling = asyncio.ensure_future(
+            self._self_cancel(here, event_queue, deadline, tears_down=False, reason=reason)
+        )
+        self._self_remote_cancels.add(cancelling)
+        cancelling.add_done_callback(self._self_remote_cancels.discard)
+        cancelling.add_done_callback(lambda _: self._self_forget(stored.id))
 
     @staticmethod
     def _self_deadline(seconds: float) -> float:
@@ -261,6 +309,9 @@ class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
 
     async def enqueue_event(self, event: Any) -> None:
         run = self._self_run
+        if not run.cancelled and (run.watch_due() or terminal_state(event) is not None):
+            # Before ending the task above all: another replica may have cancelled it.
+            await run.look()
         if run.cancelled:
             if run.shielded:
                 logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)

@@ -48,6 +48,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         on_canceled: ``"raise"`` (default, as the SDK does) raises
             ``TaskNotCancelableError`` when the task is already CANCELED; ``"return"``
             returns the CANCELED task (the spec calls cancel idempotent).
+        replica_poll_interval: at most this often (seconds), a run's awaited checkpoints and
+            enqueued events read the task store to learn of a cancel that another replica
+            recorded there; ``None`` turns it off. A run also reads it before it publishes a
+            terminal state.
     """
 
     def __init__(
@@ -57,10 +61,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         cancel_grace_period: float = 5.0,
         on_parked: Literal["cancel", "refuse"] = "cancel",
         on_canceled: Literal["raise", "return"] = "raise",
+        replica_poll_interval: float | None = 1.0,
         **kwargs: Any,
     ) -> None:
         if cancel_grace_period <= 0:
             raise ValueError("cancel_grace_period must be greater than 0")
+        if replica_poll_interval is not None and replica_poll_interval <= 0:
+            raise ValueError("replica_poll_interval must be greater than 0, or None")
         if on_parked not in ("cancel", "refuse"):
             raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {on_parked!r}")
         if on_canceled not in ("raise", "return"):
@@ -68,6 +75,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.warn_if_unsupported()
         executor = CancellableExecutor(agent_executor, grace_period=cancel_grace_period)
         super().__init__(executor, *args, **kwargs)
+        if replica_poll_interval is not None:
+            executor._self_watch_store(self._stored_for_run, replica_poll_interval)
         self.cancel_grace_period = cancel_grace_period
         self.on_parked = on_parked
         self.on_canceled = on_canceled
@@ -101,6 +110,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             pending.add_done_callback(lambda done: self._forget_cancel(task_id, done))
         # The cancel survives its caller: a disconnect cancels this await, not the cancel.
         return await asyncio.shield(pending)
+
+    async def _stored_for_run(self, context: RequestContext) -> Task | None:
+        """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
+        return await _sdk.read_task(self, context.task_id or "", context.call_context)
 
     def _refuse_unless_cancelable(self, task: Task) -> None:
         state = task.status.state
