@@ -4,7 +4,8 @@
 stored task is COMPLETED, FAILED, CANCELED or REJECTED, it never changes again. Every later
 ``save`` of it is refused, whatever it carries (another state, new artifacts, or the same
 terminal state with one more message), the stored task stays exactly as it was, and one WARNING
-names the task, the stored and the refused state. A refusal returns normally: the SDK saves from
+names the task, the stored and the refused state (a DEBUG line when the state is the same: a
+replica recording a cancel that another replica stored first does that routinely). A refusal returns normally: the SDK saves from
 its event consumer, where an exception would leave the run or its streams hanging. The "stored
 task" is the one the save would replace: the row with that id in a ``DatabaseTaskStore``, whose
 primary key is the id alone, and the entry of that owner and id in an ``InMemoryTaskStore``.
@@ -102,7 +103,9 @@ class FinalStateTaskStore(TaskStore):
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
         stored = await self._write(task, context)
         if stored is not None:
-            logger.warning(
+            # The same state again is routine: a replica records a cancel another one stored.
+            logger.log(
+                logging.DEBUG if stored == task.status.state else logging.WARNING,
                 "refused save task=%s stored=%s refused=%s: a terminal state is final",
                 task.id,
                 TaskState.Name(stored),
