@@ -1,0 +1,121 @@
+"""One replica of an A2A server for the multi-process tests: our handler on a shared store.
+
+Run as ``python tests/replica_server.py DATABASE_URL [SCHEMA]``; it prints ``READY <port>``
+once it serves on 127.0.0.1, and exits when its standard input closes, so it never outlives
+the test that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+
+import httpx
+import uvicorn
+from a2a.helpers import new_task
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.context import ServerCallContext
+from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    DatabaseTaskStore,
+    InMemoryPushNotificationConfigStore,
+    TaskUpdater,
+)
+from a2a.types import AgentCapabilities, AgentCard, TaskState
+from sqlalchemy.ext.asyncio import create_async_engine
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable
+
+POLL_INTERVAL = 0.2
+STEP_SECONDS = 0.02
+STEPS = 1500
+
+
+class StepExecutor(AgentExecutor):
+    """Works in short steps with a checkpoint after each; records what cancel() saw."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.stopped: list[str] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        if context.current_task is None:
+            history = [context.message] if context.message else []
+            await event_queue.enqueue_event(
+                new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=history)
+            )
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        try:
+            await updater.start_work()
+            for _ in range(STEPS):
+                await self.step()
+            await updater.complete()
+        finally:
+            self.stopped.append(task_id)
+
+    @cancellable
+    async def step(self) -> None:
+        await asyncio.sleep(STEP_SECONDS)  # Stands in for a slice of real work.
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.cancelled.append(context.task_id or "")
+
+
+def build(url: str, schema: str | None) -> Starlette:
+    connect_args = {"server_settings": {"search_path": schema}} if schema else {}
+    store = FinalStateTaskStore(DatabaseTaskStore(create_async_engine(url, connect_args=connect_args)))
+    executor = StepExecutor()
+    configs = InMemoryPushNotificationConfigStore()
+    card = AgentCard(
+        name="replica", description="test replica", version="1",
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True),
+    )
+    handler = DefaultRequestHandler(
+        executor,
+        store,
+        card,
+        push_config_store=configs,
+        # The sender reads push configs as this owner (1.0.x): the anonymous HTTP caller's.
+        push_sender=BasePushNotificationSender(httpx.AsyncClient(), configs, ServerCallContext()),
+        cancel_grace_period=2.0,
+        replica_poll_interval=POLL_INTERVAL,
+    )
+
+    async def debug(request):  # What this replica's executor saw.
+        return JSONResponse({"cancelled": executor.cancelled, "stopped": executor.stopped})
+
+    routes = [
+        Route("/debug", debug),
+        *create_rest_routes(handler, path_prefix="/rest"),
+        *create_jsonrpc_routes(handler, rpc_url="/"),
+    ]
+    return Starlette(routes=routes)
+
+
+async def serve(url: str, schema: str | None) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build(url, schema), log_level="warning", lifespan="off"))
+    threading.Thread(target=_exit_when_stdin_closes, args=(server,), daemon=True).start()
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    print(f"READY {sock.getsockname()[1]}", flush=True)
+    await serving
+
+
+def _exit_when_stdin_closes(server: uvicorn.Server) -> None:
+    sys.stdin.read()
+    server.should_exit = True
+
+
+if __name__ == "__main__":
+    asyncio.run(serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))

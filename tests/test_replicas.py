@@ -1,0 +1,106 @@
+"""A cancel recorded by one replica reaches the run on another through the shared task store.
+
+Here two handlers in one process share a store, as replicas share a database; the tests in
+tests/test_replica_servers.py do the same with real server processes on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from a2a.server.agent_execution import RequestContext
+from a2a.server.events.event_queue import EventQueue
+
+from a2a_cancelfix import FinalStateTaskStore, checkpoint
+from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start, stored, within
+from a2a.server.tasks import InMemoryTaskStore
+
+
+class PollingExecutor(ScriptedExecutor):
+    """Works in many small steps, each ending at a checkpoint, until cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checkpoints = 0
+
+    async def _work_step(self) -> None:
+        self.step.reached.set()
+        while not self.released.is_set():
+            await checkpoint()
+            self.checkpoints += 1
+            await asyncio.sleep(0)
+
+
+def replicas(executor: ScriptedExecutor, **options):
+    """Replica A runs ``executor``; replica B shares A's store and runs nothing."""
+    store = FinalStateTaskStore(InMemoryTaskStore())
+    a = make_server("ours", executor, store=store, **options)
+    b = make_server("ours", ScriptedExecutor(), store=store, **options)
+    return a, b
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_notices_a_cancel_from_another_replica() -> None:
+    """The running replica's next due checkpoint raises; its cancel() runs; its stream ends CANCELED."""
+    a, b = replicas(PollingExecutor(), replica_poll_interval=0.01)
+    stream = await start(a)
+    task_id = a.executor.task_id
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    await within(a.executor.stopped.wait())
+    assert a.executor.cancel_called.is_set()
+    assert await within(stream.ended()) and stream.last == "CANCELED"
+    assert await stored(a, task_id) == "CANCELED" and await stored(b, task_id) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_a_run_cannot_complete_a_task_another_replica_cancelled() -> None:
+    """Before it publishes COMPLETED, a run reads the store: the remote CANCELED wins everywhere."""
+    a, b = replicas(ScriptedExecutor(), replica_poll_interval=3600)
+    stream = await start(a)
+    task_id = a.executor.task_id
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    a.executor.step.open()  # A's run now tries to complete the task.
+    await within(a.executor.stopped.wait())
+    assert not a.executor.completed.is_set()
+    assert await within(stream.ended()) and stream.last == "CANCELED"
+    assert await stored(a, task_id) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_polling_can_be_turned_off() -> None:
+    """With replica_poll_interval=None a run never reads the store for remote cancels."""
+    a, b = replicas(PollingExecutor(), replica_poll_interval=None)
+    await start(a)
+    task_id = a.executor.task_id
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    seen = a.executor.checkpoints
+    await within(_until(lambda: a.executor.checkpoints > seen + 1000))
+    assert not a.executor.stopped.is_set() and not a.executor.cancel_called.is_set()
+    assert await within(cancel(a, task_id)) == "TaskNotCancelable"  # Already CANCELED in the store.
+    a.executor.released.set()
+
+
+@pytest.mark.asyncio
+async def test_no_poll_before_the_interval_is_due() -> None:
+    """A run that checkpoints in a tight loop does not read the store before the interval is due."""
+    reads = 0
+    a, b = replicas(PollingExecutor(), replica_poll_interval=3600)
+    original = a.handler._stored_for_run
+
+    async def counted(context: RequestContext):
+        nonlocal reads
+        reads += 1
+        return await original(context)
+
+    a.handler.agent_executor._self_store = counted
+    await start(a)
+    seen = a.executor.checkpoints
+    await within(_until(lambda: a.executor.checkpoints > seen + 1000))
+    assert reads == 0
+    assert await within(cancel(a, a.executor.task_id)) == "CANCELED"
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0)
