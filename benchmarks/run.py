@@ -1,4 +1,4 @@
-"""Run every benchmark: `python benchmarks/run.py [--quick]`."""
+"""Run every benchmark: `python benchmarks/run.py [--quick]` (replicas needs PostgreSQL on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import cancel_latency  # noqa: E402
 import checkpoint_cost  # noqa: E402
 import hot_path  # noqa: E402
 import mass_cancel  # noqa: E402
+import replicas  # noqa: E402
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
     quick = parser.parse_args().quick
     print(f"python {platform.python_version()} on {platform.machine()}, {platform.processor() or 'cpu'}")
-    for benchmark in (hot_path, cancel_latency, checkpoint_cost, mass_cancel):
+    for benchmark in (hot_path, cancel_latency, checkpoint_cost, mass_cancel, replicas):
         benchmark.main(quick)
 
 
