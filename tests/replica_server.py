@@ -103,13 +103,11 @@ def build(url: str, schema: str | None) -> Starlette:
 async def serve(url: str, schema: str | None) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # Connections wait in the backlog until uvicorn accepts them.
     server = uvicorn.Server(uvicorn.Config(build(url, schema), log_level="warning", lifespan="off"))
     threading.Thread(target=_exit_when_stdin_closes, args=(server,), daemon=True).start()
-    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
     print(f"READY {sock.getsockname()[1]}", flush=True)
-    await serving
+    await server.serve(sockets=[sock])
 
 
 def _exit_when_stdin_closes(server: uvicorn.Server) -> None:

@@ -1,0 +1,257 @@
+"""Real A2A servers on 127.0.0.1, run in the test's own event loop so its gates stay reachable.
+
+Server-side differences between a2a-sdk releases are kept in this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import httpx
+import uvicorn
+from a2a.auth.user import UnauthenticatedUser
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.server.request_handlers.grpc_handler import GrpcHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+)
+from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
+from a2a.types import a2a_pb2_grpc
+from a2a.utils.constants import TransportProtocol
+from starlette.applications import Starlette
+from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from a2a_cancelfix import DefaultRequestHandler
+from a2a_cancelfix.check import ScriptedExecutor, within
+
+TRANSPORTS = ("jsonrpc", "rest", "grpc")
+BINDINGS = {
+    "jsonrpc": TransportProtocol.JSONRPC,
+    "rest": TransportProtocol.HTTP_JSON,
+    "grpc": TransportProtocol.GRPC,
+}
+GRACE = 0.5
+"""Our handler's grace period: far more than these executors take to wind down, and with the
+handler's one-second margin still inside the bound of every wait (``check.BOUND``, 2.5 s)."""
+
+
+@dataclass
+class Agent:
+    """A running A2A server: where to reach it, and the executor behind it."""
+
+    transport: str
+    url: str
+    """The interface URL of the agent card: http://host:port/ or host:port (gRPC)."""
+    card: AgentCard
+    executor: ScriptedExecutor
+    callers: Callable[[], frozenset[Any]]
+    """What the server holds for its callers right now: open HTTP connections (uvicorn), or
+    CancelTask calls in progress (gRPC). A caller that went away drops out of it."""
+
+
+class BearerNames(AuthenticationBackend):
+    """``Authorization: Bearer <name>`` authenticates as ``name``; no header, anonymous.
+
+    The SDK's routes build the caller as ``StarletteUser(request.user)``, whose ``user_name`` is
+    ``display_name``: the name the task store scopes tasks by.
+    """
+
+    async def authenticate(
+        self, conn: HTTPConnection
+    ) -> tuple[AuthCredentials, SimpleUser] | None:
+        scheme, _, name = conn.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not name:
+            return None
+        return AuthCredentials(["authenticated"]), SimpleUser(name)
+
+
+def agent_card(transport: str, url: str) -> AgentCard:
+    """A spec-complete card (the SDK logs a warning for a missing required field)."""
+    return AgentCard(
+        name="e2e",
+        description="cancel over the wire",
+        version="1",
+        supported_interfaces=[
+            AgentInterface(protocol_binding=BINDINGS[transport], url=url, protocol_version="1.0")
+        ],
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="work", name="work", description="works one step", tags=["e2e"])],
+    )
+
+
+def push_sender(client: httpx.AsyncClient, configs: InMemoryPushNotificationConfigStore) -> Any:
+    """The SDK's push sender; 1.0.0 requires the owner context it reads push configs under."""
+    context = inspect.signature(BasePushNotificationSender).parameters["context"]
+    if context.default is inspect.Parameter.empty:
+        # The push tests' callers are anonymous: their tasks and configs are owned by "".
+        anonymous = ServerCallContext(user=UnauthenticatedUser())
+        return BasePushNotificationSender(client, configs, anonymous)
+    return BasePushNotificationSender(client, configs)
+
+
+@contextlib.asynccontextmanager
+async def serve_agent(
+    transport: str, executor: ScriptedExecutor, *, stock: bool = False
+) -> AsyncIterator[Agent]:
+    """Serve ``executor`` over ``transport`` behind our handler (or the SDK's, ``stock``)."""
+    # The port is bound first: the card names it, and the handler takes the card.
+    if transport == "grpc":
+        grpc_server = grpc.aio.server()
+        url = f"127.0.0.1:{grpc_server.add_insecure_port('127.0.0.1:0')}"
+    else:
+        listener = free_socket()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    card = agent_card(transport, url)
+    configs = InMemoryPushNotificationConfigStore()
+    async with httpx.AsyncClient() as push_client:
+        arguments: dict[str, Any] = dict(
+            agent_executor=executor,
+            task_store=InMemoryTaskStore(),
+            agent_card=card,
+            push_config_store=configs,
+            push_sender=push_sender(push_client, configs),
+        )
+        handler = (
+            DefaultRequestHandlerV2(**arguments)
+            if stock
+            else DefaultRequestHandler(**arguments, cancel_grace_period=GRACE)
+        )
+        serving = (
+            serve_grpc(grpc_server, handler)
+            if transport == "grpc"
+            else serve_http(listener, transport, handler, card)
+        )
+        async with serving as callers:
+            yield Agent(transport, url, card, executor, callers)
+
+
+def free_socket() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    return listener
+
+
+@contextlib.asynccontextmanager
+async def serve_http(
+    listener: socket.socket, transport: str, handler: DefaultRequestHandlerV2, card: AgentCard
+) -> AsyncIterator[Callable[[], frozenset[Any]]]:
+    routes = (
+        create_jsonrpc_routes(handler, "/")
+        if transport == "jsonrpc"
+        else create_rest_routes(handler)
+    )
+    app = Starlette(
+        routes=[*create_agent_card_routes(card), *routes],
+        middleware=[Middleware(AuthenticationMiddleware, backend=BearerNames())],
+    )
+    async with uvicorn_server(app, listener) as server:
+        yield lambda: frozenset(server.server_state.connections)
+
+
+class TrackedGrpcHandler(GrpcHandler):
+    """The SDK's gRPC servicer, noting which CancelTask calls are still being served."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancels_in_progress: set[Any] = set()
+
+    async def CancelTask(  # noqa: N802 (the gRPC method's name)
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        self.cancels_in_progress.add(context)
+        try:
+            return await super().CancelTask(request, context)
+        finally:
+            self.cancels_in_progress.discard(context)
+
+
+@contextlib.asynccontextmanager
+async def serve_grpc(
+    server: grpc.aio.Server, handler: DefaultRequestHandlerV2
+) -> AsyncIterator[Callable[[], frozenset[Any]]]:
+    servicer = TrackedGrpcHandler(handler)
+    a2a_pb2_grpc.add_A2AServiceServicer_to_server(servicer, server)
+    await server.start()
+    try:
+        yield lambda: frozenset(servicer.cancels_in_progress)
+    finally:
+        await server.stop(None)
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_server(app: Any, listener: socket.socket) -> AsyncIterator[uvicorn.Server]:
+    """Serve ``app`` on ``listener`` (a bound socket) until the block exits."""
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        log_config=None,  # Leave the test run's logging configuration alone.
+        lifespan="off",
+        timeout_graceful_shutdown=2,  # Bounds teardown if a stream was left open.
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve(sockets=[listener]))
+
+    async def started() -> None:
+        while not server.started and not serving.done():
+            await asyncio.sleep(0)
+
+    try:
+        await within(started())
+        if serving.done():
+            serving.result()  # Startup failed: raise its error here.
+        yield server
+    finally:
+        server.should_exit = True
+        await within(serving, 5)
+
+
+@dataclass
+class PushReceiver:
+    """A webhook that records, per push config, the task state of every notification."""
+
+    url: str = ""
+    """Base URL; push config ``name`` posts to ``url + name``."""
+    states: dict[str, list[str]] = field(default_factory=dict)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def receive(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        payload = body.get("statusUpdate") or body.get("task") or {}
+        state = payload.get("status", {}).get("state", "?").removeprefix("TASK_STATE_")
+        async with self.changed:
+            self.states.setdefault(request.path_params["config"], []).append(state)
+            self.changed.notify_all()
+        return Response(status_code=200)
+
+    async def received(self, config: str, state: str) -> None:
+        """Wait until push config ``config`` has been notified of ``state``."""
+        async with self.changed:
+            await self.changed.wait_for(lambda: state in self.states.get(config, []))
+
+
+@contextlib.asynccontextmanager
+async def serve_push_receiver() -> AsyncIterator[PushReceiver]:
+    listener = free_socket()
+    receiver = PushReceiver(url=f"http://127.0.0.1:{listener.getsockname()[1]}/")
+    app = Starlette(routes=[Route("/{config}", receiver.receive, methods=["POST"])])
+    async with uvicorn_server(app, listener):
+        yield receiver
