@@ -94,6 +94,16 @@ async def live_task(handler: DefaultRequestHandlerV2, task_id: str) -> ActiveTas
     return active
 
 
+async def has_run(handler: DefaultRequestHandlerV2, task_id: str) -> bool:
+    """Whether the handler's registry still holds a run of ``task_id``, finished or not."""
+    return SUPPORTED and await handler._active_task_registry.get(task_id) is not None
+
+
+def run_count(handler: DefaultRequestHandlerV2) -> int:
+    """How many runs the handler's registry holds."""
+    return len(handler._active_task_registry._active_tasks) if SUPPORTED else 0  # 1.0.0-1.3.0
+
+
 async def read_task(
     handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext
 ) -> Task | None:

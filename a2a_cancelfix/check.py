@@ -47,6 +47,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
+from a2a_cancelfix import _sdk
 from a2a_cancelfix._sdk import SDK_VERSION
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
@@ -378,17 +379,17 @@ async def reached_step(server: Server, owner: str = "alice") -> None:
 
 async def cancel(server: Server, task_id: str, owner: str = "alice") -> str:
     """Cancel through the handler; the returned state, or the A2A error's name."""
-    try:
-        task = await server.handler.on_cancel_task(CancelTaskRequest(id=task_id), caller(owner))
-    except A2AError as error:
-        return type(error).__name__.removesuffix("Error")
-    return state_of(task) or "nothing"
+    return await _outcome(server.handler.on_cancel_task(CancelTaskRequest(id=task_id), caller(owner)))
 
 
 async def stored(server: Server, task_id: str, owner: str = "alice") -> str:
     """The task's state as GetTask shows it."""
+    return await _outcome(server.handler.on_get_task(GetTaskRequest(id=task_id), caller(owner)))
+
+
+async def _outcome(call: Awaitable[Task | None]) -> str:
     try:
-        task = await server.handler.on_get_task(GetTaskRequest(id=task_id), caller(owner))
+        task = await call
     except A2AError as error:
         return type(error).__name__.removesuffix("Error")
     return state_of(task) or "nothing"
@@ -396,9 +397,8 @@ async def stored(server: Server, task_id: str, owner: str = "alice") -> str:
 
 async def _settled(server: Server, task_id: str) -> str:
     """The stored state once the run is gone (what GetTask shows a moment later)."""
-    registry = getattr(server.handler, "_active_task_registry", None)
     for _ in range(200):
-        if registry is None or await registry.get(task_id) is None:
+        if not await _sdk.has_run(server.handler, task_id):
             break
         await asyncio.sleep(0)
     return await stored(server, task_id)

@@ -100,7 +100,11 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         _raise_outcome(execution)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """Cancel the task: stop its run, call the wrapped ``cancel()``, ensure CANCELED."""
+        """Cancel the task: call the wrapped ``cancel()`` and ensure CANCELED, queue still open.
+
+        Checkpoints raise from now on; the SDK then tears the run down, and ``execute()``
+        winds the work down (shielded sections first) before it lets the queue close.
+        """
         deadline = self._self_deadline(self._self_grace_period)
         await self._self_cancel(context, event_queue, deadline, tears_down=False)
         self._self_forget(context.task_id or "")
@@ -140,7 +144,8 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         )
         deadline = self._self_deadline(self._self_grace_period)
         cancelling = asyncio.ensure_future(
-            self._self_cancel(here, event_queue, deadline, tears_down=False, reason=reason)
+            # No handler tears this run down: stop the work here too, not only at checkpoints.
+            self._self_cancel(here, event_queue, deadline, tears_down=True, reason=reason)
         )
         self._self_remote_cancels.add(cancelling)
         cancelling.add_done_callback(self._self_remote_cancels.discard)

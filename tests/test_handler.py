@@ -218,10 +218,8 @@ async def test_nothing_is_left_behind(executor: str) -> None:
     assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
     scripted.released.set()
     assert await stream.ended() and await subscriber.ended()
-    registry = server.handler._active_task_registry
-
     async def gone() -> None:
-        while await registry.get(task_id) is not None or asyncio.all_tasks() - before - {
+        while await _sdk.has_run(server.handler, task_id) or asyncio.all_tasks() - before - {
             asyncio.current_task()
         }:
             await asyncio.sleep(0)

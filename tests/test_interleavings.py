@@ -183,8 +183,7 @@ async def play(setup: dict, steps: list) -> None:
 
 
 async def _nothing_left(server, task_id: str, baseline: set) -> None:
-    registry = server.handler._active_task_registry
-    while await registry.get(task_id) is not None or asyncio.all_tasks() - baseline - {
+    while await _sdk.has_run(server.handler, task_id) or asyncio.all_tasks() - baseline - {
         asyncio.current_task()
     }:
         await asyncio.sleep(0)

@@ -8,6 +8,7 @@ import pytest
 
 from a2a.server.agent_execution.active_task import ActiveTask
 
+from a2a_cancelfix import _sdk
 from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.check import FleetExecutor, caller, cancel, make_server, start_fleet, within
 
@@ -27,7 +28,6 @@ LOOP_TABLES = [
 async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
     """Every task ends CANCELED, every stream ends, and tasks, registry and memory return to before."""
     server = make_server("ours", FleetExecutor(), push=False)
-    registry = server.handler._active_task_registry
     await _round(server, COUNT)  # Warms caches, so the memory check sees only what a round keeps.
     await _forget_stored_tasks(server)
     gc.collect()
@@ -38,7 +38,7 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
         baseline_tasks = asyncio.all_tasks()
 
         async def drained() -> None:
-            while registry._active_tasks or asyncio.all_tasks() - baseline_tasks - {asyncio.current_task()}:
+            while _sdk.run_count(server.handler) or asyncio.all_tasks() - baseline_tasks - {asyncio.current_task()}:
                 await asyncio.sleep(0)
 
         for _ in range(ROUNDS):
@@ -68,7 +68,7 @@ async def _round(server, count: int) -> set[str]:
 
 async def _forget_stored_tasks(server) -> None:
     """Delete the finished tasks: the store keeps them by design, which is not a leak."""
-    for task_id in list(server.store._impl.tasks.get("alice", {})):
+    for task_id in list(_sdk.memory_tasks(server.store).tasks.get("alice", {})):
         await server.store.delete(task_id, caller())
 
 
