@@ -42,6 +42,7 @@ _ACTIVE_TASK_ATTRIBUTES = (
     "_producer_task",
     "_consumer_task",
     "_event_queue_agent",
+    "_event_queue_subscribers",
     "_request_queue",
     "_lock",
 )

@@ -56,16 +56,22 @@ def store(url: str, connect_args: dict) -> FinalStateTaskStore:
     return FinalStateTaskStore(DatabaseTaskStore(create_async_engine(url, connect_args=connect_args)))
 
 
+async def close(*stores: FinalStateTaskStore) -> None:
+    for each in stores:
+        await each.wrapped.engine.dispose()
+
+
 async def observation(kind: str, interval: float, samples: int) -> list[float]:
     """Seconds from B's cancel answering CANCELED to A's run having stopped."""
     url, connect_args, schema = await databases(kind)
-    await store(url, connect_args).wrapped.initialize()
+    store_a, store_b = store(url, connect_args), store(url, connect_args)  # one engine each
+    await store_a.wrapped.initialize()
     latencies = []
     try:
         for _ in range(samples):
-            a = make_server("ours", SteppingExecutor(), store=store(url, connect_args), push=False,
+            a = make_server("ours", SteppingExecutor(), store=store_a, push=False,
                             replica_poll_interval=interval)
-            b = make_server("ours", ScriptedExecutor(), store=store(url, connect_args), push=False,
+            b = make_server("ours", ScriptedExecutor(), store=store_b, push=False,
                             replica_poll_interval=interval)
             await start(a)
             assert await cancel(b, a.executor.task_id) == "CANCELED"
@@ -73,6 +79,7 @@ async def observation(kind: str, interval: float, samples: int) -> list[float]:
             await asyncio.wait_for(a.executor.stopped.wait(), interval + 10)
             latencies.append(clock() - answered)
     finally:
+        await close(store_a, store_b)
         await drop(schema)
     return latencies
 
@@ -80,11 +87,11 @@ async def observation(kind: str, interval: float, samples: int) -> list[float]:
 async def reads_per_task_second(kind: str, interval: float, tasks: int, seconds: float) -> float:
     """Store reads that watching adds, per running task per second."""
     url, connect_args, schema = await databases(kind)
-    await store(url, connect_args).wrapped.initialize()
+    shared = store(url, connect_args)
+    await shared.wrapped.initialize()
     try:
         executor = SteppingExecutor()
-        a = make_server("ours", executor, store=store(url, connect_args), push=False,
-                        replica_poll_interval=interval)
+        a = make_server("ours", executor, store=shared, push=False, replica_poll_interval=interval)
         wrapper = a.handler.agent_executor
         original, reads = wrapper._self_store, 0
 
@@ -105,6 +112,7 @@ async def reads_per_task_second(kind: str, interval: float, tasks: int, seconds:
             await cancel(a, stream.events[0].id)
         return rate
     finally:
+        await close(shared)
         await drop(schema)
 
 

@@ -36,7 +36,7 @@ from a2a_cancelfix.check import (
 
 GRACE = 0.05
 BOUND = GRACE + 1.5
-EXAMPLES = int(os.environ.get("A2A_CANCELFIX_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("A2A_CANCELFIX_EXAMPLES", "200"))
 
 
 class RecordingStore(InMemoryTaskStore):
