@@ -128,6 +128,8 @@ def is_finished(active: ActiveTask) -> bool:
 
 async def wait_finished(active: ActiveTask, timeout: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died)."""
+    if active._is_finished.is_set():
+        return True
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(active._is_finished.wait(), max(timeout, 0))
     return active._is_finished.is_set()

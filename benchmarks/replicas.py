@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
 from a2a_cancelfix.check import ScriptedExecutor, Stream, cancel, make_server, start
 
-from _common import clock, header, percentile
+from _common import clock, header, percentile, run
 
 STEP = 0.005  # seconds of work between two checkpoints
 
@@ -121,9 +121,9 @@ def main(quick: bool) -> None:
     header(f"cancel across replicas: B cancels, A (checkpoint every {STEP * 1e3:.0f} ms) notices")
     for kind in ("sqlite", "postgresql"):
         for interval in (0.1, 0.5, 1.0):
-            latencies = asyncio.run(observation(kind, interval, samples))
+            latencies = run(observation(kind, interval, samples))
             p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-            reads = asyncio.run(reads_per_task_second(kind, interval, 5 if quick else 20, 2 * interval + 1))
+            reads = run(reads_per_task_second(kind, interval, 5 if quick else 20, 2 * interval + 1))
             print(
                 f"{kind:10} poll {interval:4.1f} s: A notices p50 {p50 * 1e3:6.0f} ms, p99 {p99 * 1e3:6.0f} ms "
                 f"(bound: poll + step = {(interval + STEP) * 1e3:.0f} ms); "
