@@ -13,7 +13,7 @@ from a2a.server.tasks import DatabaseTaskStore
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
-from a2a_cancelfix.check import ScriptedExecutor, Stream, cancel, make_server, start
+from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start
 
 from _common import clock, header, percentile, run
 

@@ -10,7 +10,6 @@ import asyncio
 
 import pytest
 from a2a.server.agent_execution import RequestContext
-from a2a.server.events.event_queue import EventQueue
 
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
 from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start, stored, within
