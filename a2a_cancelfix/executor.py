@@ -120,7 +120,11 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     ) -> Callable[[], Awaitable[None]]:
         async def watch() -> None:
             assert self._self_store is not None
-            stored = await self._self_store(context)
+            try:
+                stored = await self._self_store(context)
+            except Exception:  # A store hiccup must not fail the run; the next look retries.
+                logger.warning("could not read task %s to look for a remote cancel", context.task_id, exc_info=True)
+                return
             if stored is not None and stored.status.state == CANCELED:
                 self._self_cancel_here(context, event_queue, stored)
 

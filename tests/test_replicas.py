@@ -103,3 +103,19 @@ async def test_no_poll_before_the_interval_is_due() -> None:
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0)
+
+
+@pytest.mark.asyncio
+async def test_a_store_that_fails_to_answer_does_not_fail_the_run(caplog) -> None:
+    """A failed read while watching is logged; the run goes on and can still be cancelled."""
+    a, _ = replicas(PollingExecutor(), replica_poll_interval=0.001)
+
+    async def broken(context: RequestContext):
+        raise OSError("database unreachable")
+
+    a.handler.agent_executor._self_store = broken
+    await start(a)
+    failed = lambda: sum("could not read task" in r.getMessage() for r in caplog.records)  # noqa: E731
+    await within(_until(lambda: failed() >= 2))  # It looked, failed, and looked again.
+    assert not a.executor.stopped.is_set()
+    assert await within(cancel(a, a.executor.task_id)) == "CANCELED"
