@@ -122,10 +122,6 @@ def agent_queue(active: ActiveTask) -> EventQueue:
     return active._event_queue_agent  # 1.0.0-1.3.0
 
 
-def is_finished(active: ActiveTask) -> bool:
-    return active._is_finished.is_set()  # 1.0.0-1.3.0
-
-
 async def wait_finished(active: ActiveTask, timeout: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died)."""
     if active._is_finished.is_set():

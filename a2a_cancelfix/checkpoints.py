@@ -128,11 +128,6 @@ _current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
 )
 
 
-def current_run() -> Run | None:
-    """Return the run this code executes in, or None outside ``execute()``."""
-    return _current_run.get()
-
-
 def enter_run(run: Run) -> None:
     """Bind ``run`` to the current context (the run's own task)."""
     _current_run.set(run)

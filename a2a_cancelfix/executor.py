@@ -31,9 +31,9 @@ logger = logging.getLogger("a2a_cancelfix")
 
 DEFAULT_GRACE_PERIOD = 5.0
 
-# The terminal state each run's event queue has carried, so no later event (from a late run,
-# or from a cancel) follows it. Keyed by the SDK's queue, so it lives as long as the run.
-_ended: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+# The run queues that have carried a terminal state, so no later event (from a late run, or
+# from a cancel) follows it. Weak: an entry lives as long as the SDK's queue.
+_ended: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
@@ -303,9 +303,8 @@ async def _enqueue_unless_ended(queue: Any, event: Any, task_id: str) -> None:
     if queue in _ended:
         logger.debug("Dropped %s after task %s ended", type(event).__name__, task_id)
         return
-    state = terminal_state(event)
-    if state is not None:
-        _ended[queue] = state
+    if terminal_state(event) is not None:
+        _ended.add(queue)
     await queue.enqueue_event(event)
 
 
