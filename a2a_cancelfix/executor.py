@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -77,14 +77,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         watch = self._self_watcher(context, event_queue) if self._self_store is not None else None
         execution = _Execution(Run(task_id, watch, self._self_poll_interval))
         self._self_executions[task_id] = execution
-        execution.work = asyncio.ensure_future(
-            self._self_work(execution.run, context, _RunQueue(event_queue, execution.run))
-        )
+        execution.start(self._self_work(execution.run, context, _RunQueue(event_queue, execution.run)))
         try:
             try:
-                await asyncio.wait(
-                    {execution.work, execution.abandoned}, return_when=asyncio.FIRST_COMPLETED
-                )
+                await execution.settled
             except asyncio.CancelledError:
                 # The SDK tears the run down; 1.0.0-1.1.3 do it before calling cancel().
                 execution.run.cancel("the run was torn down")
@@ -243,7 +239,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     async def _self_stop_work(self, execution: _Execution, deadline: float) -> None:
         """Let a shielded section finish, interrupt the work, wait for it; all by ``deadline``."""
         work = execution.work
-        if work is None or work.done() or execution.abandoned.done():
+        if work is None or work.done() or execution.abandoned:
             return
         if execution.run.shielded:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -251,7 +247,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         work.cancel()
         await asyncio.wait({work}, timeout=_remaining(deadline))
         if not work.done():
-            execution.abandoned.set_result(None)
+            execution.abandon()
             logger.warning(
                 "%s.execute() ignored the cancel of task %s for the whole grace period; "
                 "it is abandoned and nothing it enqueues reaches the task",
@@ -265,10 +261,26 @@ class _Execution:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.work: asyncio.Future[None] | None = None
-        self.abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.work: asyncio.Task[None] | None = None
+        # Done when the work ends or is abandoned. A plain future, so that ``execute()``
+        # awaiting it costs no more than awaiting the work, and its own cancellation
+        # (the SDK tearing the run down) cancels this future, never the work.
+        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.abandoned = False
         self.cancelling = False
         self.cancel_done = asyncio.Event()
+
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        self.work = asyncio.ensure_future(work)
+        self.work.add_done_callback(self._settle)
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        self._settle()
+
+    def _settle(self, _: object = None) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)
 
 
 def _raise_outcome(execution: _Execution) -> None:
@@ -298,12 +310,12 @@ def _has_ended(queue: Any, context: RequestContext) -> bool:
     return queue in _ended or (task is not None and task.status.state in TERMINAL_STATES)
 
 
-async def _enqueue_unless_ended(queue: Any, event: Any, task_id: str) -> None:
+async def _enqueue_unless_ended(queue: Any, event: Any, task_id: str, terminal: bool) -> None:
     """Enqueue ``event`` unless the queue already carried a terminal state: that one is final."""
     if queue in _ended:
         logger.debug("Dropped %s after task %s ended", type(event).__name__, task_id)
         return
-    if terminal_state(event) is not None:
+    if terminal:
         _ended.add(queue)
     await queue.enqueue_event(event)
 
@@ -317,7 +329,8 @@ class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
 
     async def enqueue_event(self, event: Any) -> None:
         run = self._self_run
-        if not run.cancelled and (run.watch_due() or terminal_state(event) is not None):
+        terminal = terminal_state(event) is not None
+        if not run.cancelled and (terminal or run.watch_due()):
             # Before ending the task above all: another replica may have cancelled it.
             await run.look()
         if run.cancelled:
@@ -325,7 +338,7 @@ class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
                 logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)
                 return
             run.raise_if_cancelled()
-        await _enqueue_unless_ended(self.__wrapped__, event, run.task_id)
+        await _enqueue_unless_ended(self.__wrapped__, event, run.task_id, terminal)
 
 
 class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
@@ -344,7 +357,8 @@ class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
                 state,
             )
             return
-        await _enqueue_unless_ended(self.__wrapped__, event, self._self_context.task_id or "")
+        task_id = self._self_context.task_id or ""
+        await _enqueue_unless_ended(self.__wrapped__, event, task_id, state is not None)
 
     async def publish_canceled(self) -> None:
         context = self._self_context
