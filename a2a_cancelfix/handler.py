@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from typing import Any, Literal
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -81,7 +81,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_parked = on_parked
         self.on_canceled = on_canceled
         self._cancels: dict[str, asyncio.Future[Task]] = {}
-        self._teardowns: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
 
     async def on_cancel_task(  # type: ignore[override]
         self, params: CancelTaskRequest, context: ServerCallContext
@@ -189,10 +189,14 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             executor._self_forget(task.id)
             return await self._write_canceled(task.id, context), True
         # The answer is known; the run's own teardown (closing queues, ending streams) goes on.
-        teardown = asyncio.ensure_future(self._tear_down(active, task.id))
-        self._teardowns.add(teardown)
-        teardown.add_done_callback(self._teardowns.discard)
+        self._in_background(self._tear_down(active, task.id))
         return result, late
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` after the answer, holding a reference so that it is not lost."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _tear_down(self, active: Any, task_id: str) -> None:
         """Let the run close itself, within the margin; force it closed if it does not."""
@@ -221,11 +225,24 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     ) -> AsyncGenerator[Any, None]:
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
         await self._refuse_if_ended(params, context)
+        events = super().on_message_send_stream(params, context)
+        ended = False
         try:
-            async for event in _until_terminal(super().on_message_send_stream(params, context)):
+            async for event in events:
                 yield event
+                if terminal_state(event) is not None:
+                    ended = True
+                    return  # The spec's end of a stream, whether or not the run has closed.
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
+        finally:
+            if ended:
+                # The SDK's stream ends by itself as the run closes. Closing it here would
+                # leave its inner stream to the garbage collector's finalizer instead, which
+                # costs every streamed message a wake-up of the event loop.
+                self._in_background(_drain(events))
+            else:
+                await events.aclose()
 
     async def on_subscribe_to_task(  # type: ignore[override]
         self, params: SubscribeToTaskRequest, context: ServerCallContext
@@ -273,6 +290,16 @@ async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[A
             yield event
             if terminal_state(event) is not None:
                 return
+
+
+async def _drain(events: AsyncGenerator[Any, None]) -> None:
+    """Read the SDK's stream to its end, for nobody: what follows a terminal event is not news."""
+    async with contextlib.aclosing(events):
+        try:
+            async for _ in events:
+                pass
+        except Exception:
+            logger.debug("a stream raised after its terminal event", exc_info=True)
 
 
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
