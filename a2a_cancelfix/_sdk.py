@@ -122,6 +122,9 @@ def agent_queue(active: ActiveTask) -> EventQueue:
     return active._event_queue_agent  # 1.0.0-1.3.0
 
 
+_closing: set[asyncio.Future[None]] = set()
+
+
 async def wait_finished(active: ActiveTask, timeout: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died)."""
     if active._is_finished.is_set():
@@ -151,11 +154,18 @@ async def wait_consumer(active: ActiveTask, timeout: float) -> bool:
     return consumer.done()
 
 
-async def force_close(active: ActiveTask) -> None:
-    """Tear a run down without its cooperation: queues closed, tasks cancelled, registry freed."""
+async def force_close(active: ActiveTask, timeout: float) -> None:
+    """Tear a run down without its cooperation: queues closed, tasks cancelled, registry freed.
+
+    Within ``timeout``, even when the work swallows its cancellation and so never ends.
+    """
     aclose = getattr(active, "aclose", None)  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
-        await aclose()
+        # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
+        closing = asyncio.ensure_future(aclose())
+        _closing.add(closing)
+        closing.add_done_callback(_closing.discard)
+        await asyncio.wait({closing}, timeout=max(timeout, 0))
     else:  # 1.0.0-1.1.1: the same steps by hand.
         active._request_queue.shutdown(immediate=True)
         await active._event_queue_agent.close(immediate=True)

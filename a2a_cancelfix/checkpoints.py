@@ -128,9 +128,13 @@ _current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
 )
 
 
-def enter_run(run: Run) -> None:
-    """Bind ``run`` to the current context (the run's own task)."""
-    _current_run.set(run)
+def enter_run(run: Run) -> contextvars.Token[Run | None]:
+    """Bind ``run`` to the current context (the task running the work)."""
+    return _current_run.set(run)
+
+
+def leave_run(token: contextvars.Token[Run | None]) -> None:
+    _current_run.reset(token)
 
 
 class _Ready:

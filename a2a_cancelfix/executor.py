@@ -19,7 +19,7 @@ import wrapt
 from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
-from a2a_cancelfix.checkpoints import Run, enter_run
+from a2a_cancelfix.checkpoints import Run, RunCancelled, enter_run, leave_run
 
 from a2a.server.agent_execution import RequestContext
 
@@ -67,6 +67,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_store: Callable[[RequestContext], Awaitable[Task | None]] | None = None
         self._self_poll_interval = 1.0
         self._self_remote_cancels: set[asyncio.Future[None]] = set()
+        self._self_inline = False
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Run the wrapped ``execute()`` inside a cancellation scope."""
@@ -77,22 +78,37 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         watch = self._self_watcher(context, event_queue) if self._self_store is not None else None
         execution = _Execution(Run(task_id, watch, self._self_poll_interval))
         self._self_executions[task_id] = execution
-        execution.start(self._self_work(execution.run, context, _RunQueue(event_queue, execution.run)))
+        work = self._self_work(execution.run, context, _RunQueue(event_queue, execution.run))
         try:
-            try:
-                await execution.settled
-            except asyncio.CancelledError:
-                # The SDK tears the run down; 1.0.0-1.1.3 do it before calling cancel().
-                execution.run.cancel("the run was torn down")
-                deadline = self._self_deadline(self._self_grace_period)
-                await self._self_stop_work(execution, deadline)
-                await self._self_cancel_published(execution, deadline)
-                raise
+            if self._self_inline:
+                await execution.run_inline(work)
+            else:
+                await self._self_run_apart(execution, work)
             # Returning lets the SDK close the request (and end its streams): CANCELED first.
             await self._self_cancel_published(execution, self._self_deadline(self._self_grace_period))
         finally:
             if self._self_executions.get(task_id) is execution and not execution.cancelling:
                 del self._self_executions[task_id]
+
+    async def _self_run_apart(
+        self, execution: _Execution, work: Coroutine[Any, Any, None]
+    ) -> None:
+        """Run the work in a task of its own, which the SDK's teardown of the run cannot reach.
+
+        The SDK's stock handler cancels the run itself: a2a-sdk 1.0.0-1.1.3 before calling
+        ``cancel()``, later releases right after it, wherever the work is. Apart, the work
+        still stops only at checkpoints or once a shielded section ends, and the queue stays
+        open until ``cancel()`` has published CANCELED.
+        """
+        execution.start_apart(work)
+        try:
+            await execution.settled
+        except asyncio.CancelledError:
+            execution.run.cancel("the run was torn down")
+            deadline = self._self_deadline(self._self_grace_period)
+            await self._self_stop_work(execution, deadline)
+            await self._self_cancel_published(execution, deadline)
+            raise
         _raise_outcome(execution)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -104,6 +120,15 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         deadline = self._self_deadline(self._self_grace_period)
         await self._self_cancel(context, event_queue, deadline, tears_down=False)
         self._self_forget(context.task_id or "")
+
+    def _self_drive_cancels(self) -> None:
+        """Our handler drives every cancel, so the work can run in the SDK's own task.
+
+        A task per run is what lets the work outlive the stock handler's teardown; without
+        it a message costs less. Our handler interrupts the work itself, once shielded
+        sections end, and answers whether or not a misbehaving ``execute()`` lets go.
+        """
+        self._self_inline = True
 
     def _self_watch_store(
         self, read: Callable[[RequestContext], Awaitable[Task | None]], interval: float
@@ -156,8 +181,11 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         return asyncio.get_running_loop().time() + seconds
 
     async def _self_work(self, run: Run, context: RequestContext, queue: EventQueue) -> None:
-        enter_run(run)
-        await self.__wrapped__.execute(context, queue)
+        token = enter_run(run)
+        try:
+            await self.__wrapped__.execute(context, queue)
+        finally:
+            leave_run(token)
 
     async def _self_cancel(
         self,
@@ -186,7 +214,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         execution.run.cancel(reason)
         publisher = _CancelQueue(event_queue, context)
         try:
-            if execution.work is None and not tears_down:
+            if execution.stopped is None and not tears_down:
                 await publisher.publish_canceled()
             await self._self_call_cancel(context, publisher, deadline)
             await publisher.publish_canceled()
@@ -238,15 +266,16 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
 
     async def _self_stop_work(self, execution: _Execution, deadline: float) -> None:
         """Let a shielded section finish, interrupt the work, wait for it; all by ``deadline``."""
-        work = execution.work
-        if work is None or work.done() or execution.abandoned:
+        stopped = execution.stopped
+        if stopped is None or stopped.done() or execution.abandoned:
             return
         if execution.run.shielded:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(execution.run.wait_unshielded(), _remaining(deadline))
-        work.cancel()
-        await asyncio.wait({work}, timeout=_remaining(deadline))
-        if not work.done():
+        if not stopped.done():
+            execution.interrupt()
+            await asyncio.wait({stopped}, timeout=_remaining(deadline))
+        if not stopped.done():
             execution.abandon()
             logger.warning(
                 "%s.execute() ignored the cancel of task %s for the whole grace period; "
@@ -261,31 +290,62 @@ class _Execution:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.work: asyncio.Task[None] | None = None
-        # Done when the work ends or is abandoned. A plain future, so that ``execute()``
-        # awaiting it costs no more than awaiting the work, and its own cancellation
-        # (the SDK tearing the run down) cancels this future, never the work.
-        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.runner: asyncio.Task[Any] | None = None  # The task the work runs in.
+        self.stopped: asyncio.Future[Any] | None = None  # Done once the work has ended.
+        self.settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
+        self.interrupted = False
         self.abandoned = False
         self.cancelling = False
         self.cancel_done = asyncio.Event()
 
-    def start(self, work: Coroutine[Any, Any, None]) -> None:
-        self.work = asyncio.ensure_future(work)
-        self.work.add_done_callback(self._settle)
+    async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run the work in this task; a cancel of the run ends it normally."""
+        self.runner = asyncio.current_task()
+        self.stopped = asyncio.get_running_loop().create_future()
+        try:
+            await work
+        except asyncio.CancelledError as error:
+            if not (self.interrupted or isinstance(error, RunCancelled)):
+                raise  # Not the task's cancel: the SDK is tearing the run down.
+        except Exception as error:
+            if not self.run.cancelled:
+                raise
+            logger.debug("execute() of cancelled task %s raised", self.run.task_id, exc_info=error)
+        finally:
+            if self.interrupted:
+                _uncancel(self.runner)  # Our interrupt is handled; the SDK's task runs on.
+            self.stopped.set_result(None)
+
+    def start_apart(self, work: Coroutine[Any, Any, None]) -> None:
+        self.runner = self.stopped = asyncio.ensure_future(work)
+        # A plain future for execute() to await: its cancellation (the SDK tearing the run
+        # down) cancels this, never the work.
+        self.settled = asyncio.get_running_loop().create_future()
+        self.runner.add_done_callback(self._settle)
+
+    def interrupt(self) -> None:
+        assert self.runner is not None
+        self.interrupted = True
+        self.runner.cancel()
 
     def abandon(self) -> None:
         self.abandoned = True
         self._settle()
 
     def _settle(self, _: object = None) -> None:
-        if not self.settled.done():
+        if self.settled is not None and not self.settled.done():
             self.settled.set_result(None)
+
+
+def _uncancel(task: asyncio.Task[Any]) -> None:
+    uncancel = getattr(task, "uncancel", None)  # Python 3.11+; 3.10 keeps no count.
+    if uncancel is not None and task.cancelling():
+        uncancel()
 
 
 def _raise_outcome(execution: _Execution) -> None:
     """Mirror how the wrapped ``execute()`` ended, unless a cancel owns the outcome."""
-    work, run = execution.work, execution.run
+    work, run = execution.runner, execution.run
     assert work is not None
     if run.cancelled:
         if work.done() and not work.cancelled() and work.exception() is not None:

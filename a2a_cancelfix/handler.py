@@ -74,6 +74,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise ValueError(f"on_canceled must be 'raise' or 'return', not {on_canceled!r}")
         _sdk.warn_if_unsupported()
         executor = CancellableExecutor(agent_executor, grace_period=cancel_grace_period)
+        if _sdk.SUPPORTED:  # Otherwise the SDK's own cancel drives, as under its handler.
+            executor._self_drive_cancels()
         super().__init__(executor, *args, **kwargs)
         if replica_poll_interval is not None:
             executor._self_watch_store(self._stored_for_run, replica_poll_interval)
@@ -185,7 +187,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         result = await _sdk.read_task(self, task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
-            await _sdk.force_close(active)
+            await _sdk.force_close(active, _MARGIN)
             executor._self_forget(task.id)
             return await self._write_canceled(task.id, context), True
         # The answer is known; the run's own teardown (closing queues, ending streams) goes on.
@@ -207,7 +209,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # Routine up to a2a-sdk 1.1.5, whose streams never acknowledge the SDK's own
             # lifecycle events, so closing the run's queues waits for them forever.
             logger.debug("run of task %s did not close in time; it is force-closed", task_id)
-            await _sdk.force_close(active)
+            await _sdk.force_close(active, _MARGIN)
         self.agent_executor._self_forget(task_id)
 
     async def on_message_send(  # type: ignore[override]

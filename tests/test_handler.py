@@ -100,15 +100,29 @@ async def test_misbehaving_cancel_is_bounded_and_named(mode: str, caplog) -> Non
 
 @pytest.mark.asyncio
 async def test_swallowing_execute_cannot_change_the_task_later(caplog) -> None:
-    """An execute() that swallows the cancel is abandoned; what it does afterwards is dropped."""
+    """An execute() that swallows the cancel is abandoned; what it does afterwards is dropped.
+
+    The SDK's run waits for the work (it runs in the run's task), so it goes when the work does.
+    """
     server = make_server("ours", ScriptedExecutor(swallow=True))
+    before = asyncio.all_tasks()
     await start(server)
     task_id = server.executor.task_id
-    with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
-        assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
-    assert any("ScriptedExecutor.execute() ignored" in r.getMessage() for r in caplog.records)
-    server.executor.released.set()  # It now tries to complete the task.
+    try:
+        with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+            assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
+        assert any("ScriptedExecutor.execute() ignored" in r.getMessage() for r in caplog.records)
+    finally:
+        server.executor.released.set()  # It now tries to complete the task.
     await within(server.executor.stopped.wait())
+
+    async def run_gone() -> None:
+        while await _sdk.has_run(server.handler, task_id) or asyncio.all_tasks() - before - {
+            asyncio.current_task()
+        }:
+            await asyncio.sleep(0)
+
+    await within(run_gone())
     assert await stored(server, task_id) == "CANCELED"
 
 
