@@ -60,17 +60,13 @@ class Run:
         self.task_id = task_id
         self.reason: str | None = None
         self.requested_at: float | None = None
+        self.cancelled = False
         self._callbacks: list[Callable[[], Any]] = []
         self._shields = 0
-        self._unshielded = asyncio.Event()
-        self._unshielded.set()
+        self._unshielded: asyncio.Event | None = None  # Made by the first shielded section.
         self._watch = watch
         self._interval = interval
         self._next_watch = time.monotonic() + interval
-
-    @property
-    def cancelled(self) -> bool:
-        return self.requested_at is not None
 
     @property
     def shielded(self) -> bool:
@@ -80,14 +76,14 @@ class Run:
         """Request the cancel once; run the registered callbacks now."""
         if self.cancelled:
             return
-        self.reason, self.requested_at = reason, time.time()
+        self.reason, self.requested_at, self.cancelled = reason, time.time(), True
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _call_safely(callback, self.task_id)
 
     def raise_if_cancelled(self) -> None:
-        if self.requested_at is not None and not self._shields:
-            raise RunCancelled(self.reason or "cancel requested", self.requested_at)
+        if self.cancelled and not self._shields:
+            raise RunCancelled(self.reason or "cancel requested", self.requested_at or 0.0)
 
     def add_callback(self, callback: Callable[[], Any]) -> Callable[[], None]:
         if self.cancelled:
@@ -97,7 +93,8 @@ class Run:
         return functools.partial(_discard, self._callbacks, callback)
 
     async def wait_unshielded(self) -> None:
-        await self._unshielded.wait()
+        if self._unshielded is not None:
+            await self._unshielded.wait()
 
     def watch_due(self) -> bool:
         return self._watch is not None and not self.cancelled and time.monotonic() >= self._next_watch
@@ -115,11 +112,13 @@ class Run:
 
     def _enter_shield(self) -> None:
         self._shields += 1
+        if self._unshielded is None:
+            self._unshielded = asyncio.Event()
         self._unshielded.clear()
 
     def _exit_shield(self) -> None:
         self._shields -= 1
-        if not self._shields:
+        if not self._shields and self._unshielded is not None:
             self._unshielded.set()
 
 

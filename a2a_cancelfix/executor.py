@@ -87,7 +87,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             # Returning lets the SDK close the request (and end its streams): CANCELED first.
             await self._self_cancel_published(execution, self._self_deadline(self._self_grace_period))
         finally:
-            if self._self_executions.get(task_id) is execution and not execution.cancelling:
+            if self._self_executions.get(task_id) is execution and execution.cancel_done is None:
                 del self._self_executions[task_id]
 
     async def _self_run_apart(
@@ -120,6 +120,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         deadline = self._self_deadline(self._self_grace_period)
         await self._self_cancel(context, event_queue, deadline, tears_down=False)
         self._self_forget(context.task_id or "")
+
+    def _self_running(self, task_id: str) -> bool:
+        """Whether an ``execute()`` of ``task_id`` is running, or a cancel of it."""
+        return task_id in self._self_executions
 
     def _self_drive_cancels(self) -> None:
         """Our handler drives every cancel, so the work can run in the SDK's own task.
@@ -157,9 +161,9 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         """Cancel this replica's run of a task that another replica cancelled in the store."""
         reason = "canceled on another replica"
         execution = self._self_executions.get(stored.id)
-        if execution is None or execution.cancelling:
+        if execution is None or execution.cancel_done is not None:
             return
-        execution.cancelling = True
+        execution.begin_cancel()
         execution.run.cancel(reason)  # Now, so the checkpoint that found it raises.
         here = RequestContext(
             call_context=context.call_context,
@@ -210,7 +214,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         execution = self._self_executions.get(task_id)
         if execution is None:  # Parked, or between runs: a run that starts now stops at once.
             execution = self._self_executions[task_id] = _Execution(Run(task_id))
-        execution.cancelling = True
+        cancel_done = execution.begin_cancel()
         execution.run.cancel(reason)
         publisher = _CancelQueue(event_queue, context)
         try:
@@ -221,12 +225,12 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             if tears_down:
                 await self._self_stop_work(execution, deadline)
         finally:
-            execution.cancel_done.set()
+            cancel_done.set()
 
     def _self_forget(self, task_id: str) -> None:
         """Drop what a finished cancel kept about ``task_id``."""
         execution = self._self_executions.get(task_id)
-        if execution is not None and execution.cancel_done.is_set():
+        if execution is not None and execution.cancel_done is not None and execution.cancel_done.is_set():
             del self._self_executions[task_id]
 
     async def _self_call_cancel(
@@ -260,7 +264,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     @staticmethod
     async def _self_cancel_published(execution: _Execution, deadline: float) -> None:
         """Wait (by ``deadline``) for a cancel in progress to publish on the still-open queue."""
-        if execution.cancelling:
+        if execution.cancel_done is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(execution.cancel_done.wait(), _remaining(deadline))
 
@@ -295,8 +299,12 @@ class _Execution:
         self.settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
         self.interrupted = False
         self.abandoned = False
-        self.cancelling = False
-        self.cancel_done = asyncio.Event()
+        self.cancel_done: asyncio.Event | None = None  # Set once a cancel has done its steps.
+
+    def begin_cancel(self) -> asyncio.Event:
+        if self.cancel_done is None:
+            self.cancel_done = asyncio.Event()
+        return self.cancel_done
 
     async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
         """Run the work in this task; a cancel of the run ends it normally."""

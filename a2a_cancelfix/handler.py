@@ -228,22 +228,26 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
         await self._refuse_if_ended(params, context)
         events = super().on_message_send_stream(params, context)
-        ended = False
+        closing = drained = False
         try:
             async for event in events:
+                if closing:
+                    continue  # Nothing follows a terminal event; the SDK drops it as well.
                 yield event
-                if terminal_state(event) is not None:
-                    ended = True
-                    return  # The spec's end of a stream, whether or not the run has closed.
+                if terminal_state(event) is None:
+                    continue
+                if self.agent_executor._self_running(_task_id_of(event)):
+                    # The spec ends the stream here, though the run has not closed yet. The
+                    # SDK's stream ends as the run closes: closing it now instead would leave
+                    # its inner stream to the garbage collector's finalizer.
+                    self._in_background(_drain(events))
+                    drained = True
+                    return
+                closing = True  # The run has returned, and the SDK's stream ends next.
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         finally:
-            if ended:
-                # The SDK's stream ends by itself as the run closes. Closing it here would
-                # leave its inner stream to the garbage collector's finalizer instead, which
-                # costs every streamed message a wake-up of the event loop.
-                self._in_background(_drain(events))
-            else:
+            if not drained:
                 await events.aclose()
 
     async def on_subscribe_to_task(  # type: ignore[override]
@@ -302,6 +306,10 @@ async def _drain(events: AsyncGenerator[Any, None]) -> None:
                 pass
         except Exception:
             logger.debug("a stream raised after its terminal event", exc_info=True)
+
+
+def _task_id_of(event: Any) -> str:
+    return event.id if isinstance(event, Task) else event.task_id
 
 
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:

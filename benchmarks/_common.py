@@ -39,14 +39,20 @@ def header(title: str) -> None:
 
 
 def interleaved(
-    measure: Callable[[str], Awaitable[float]], kinds: tuple[str, ...], rounds: int
-) -> dict[str, float]:
-    """Median of ``rounds`` measurements per kind, alternating kinds so drift hits both alike."""
-    results: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for _ in range(rounds):
-        for kind in kinds:
+    measure: Callable[[str], Awaitable[float]], rounds: int
+) -> tuple[dict[str, float], float]:
+    """Measure stock and ours ``rounds`` times each, in pairs, alternating which goes first.
+
+    Returns each kind's median and the median of the per-pair ratios ours/stock: a pair runs
+    back to back, so the drift of a shared machine mostly cancels out within it.
+    """
+    results: dict[str, list[float]] = {"stock": [], "ours": []}
+    for index in range(rounds):
+        for kind in ("stock", "ours") if index % 2 == 0 else ("ours", "stock"):
             results[kind].append(asyncio.run(measure(kind)))
-    return {kind: statistics.median(values) for kind, values in results.items()}
+    pairs = [ours / stock for ours, stock in zip(results["ours"], results["stock"])]
+    medians = {kind: statistics.median(values) for kind, values in results.items()}
+    return medians, statistics.median(pairs)
 
 
 def run(coroutine: Awaitable[Any]) -> Any:
