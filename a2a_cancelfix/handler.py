@@ -82,7 +82,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.cancel_grace_period = cancel_grace_period
         self.on_parked = on_parked
         self.on_canceled = on_canceled
-        self._cancels: dict[str, asyncio.Future[Task]] = {}
+        self._cancels: dict[str, list[asyncio.Future[Task]]] = {}  # Callers of each cancel.
         self._background: set[asyncio.Future[None]] = set()
 
     async def on_cancel_task(  # type: ignore[override]
@@ -98,8 +98,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         task = await _sdk.read_task(self, task_id, context)
         if task is None:
             raise TaskNotFoundError
-        pending = self._cancels.get(task_id)
-        if pending is None:
+        answers = self._cancels.get(task_id)
+        if answers is None:
             try:
                 self._refuse_unless_cancelable(task)
             except TaskNotCancelableError:
@@ -107,11 +107,12 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 path = "already terminal" if terminal else "parked, refused"
                 _log_cancel(task, path, "TaskNotCancelable", 0.0, False)
                 raise
-            pending = asyncio.ensure_future(self._cancel(params, task, context))
-            self._cancels[task_id] = pending
-            pending.add_done_callback(lambda done: self._forget_cancel(task_id, done))
-        # The cancel survives its caller: a disconnect cancels this await, not the cancel.
-        return await asyncio.shield(pending)
+            answers = self._cancels[task_id] = []
+            self._in_background(self._cancel_for_all(params, task, context, answers))
+        # The cancel runs in a task of its own: a caller's disconnect cancels only its answer.
+        answer: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
+        answers.append(answer)
+        return await answer
 
     async def _stored_for_run(self, context: RequestContext) -> Task | None:
         """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
@@ -128,13 +129,37 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 message=f"Task {task.id} is waiting for input and this server keeps such tasks"
             )
 
-    def _forget_cancel(self, task_id: str, done: asyncio.Future[Task]) -> None:
-        if self._cancels.get(task_id) is done:
-            del self._cancels[task_id]
-        if not done.cancelled():
-            done.exception()  # Retrieved here: a caller that went away cannot.
+    async def _cancel_for_all(
+        self,
+        params: CancelTaskRequest,
+        task: Task,
+        context: ServerCallContext,
+        answers: list[asyncio.Future[Task]],
+    ) -> None:
+        """Cancel ``task``, answer every caller waiting for it, then let the run close."""
+        teardown: list[Coroutine[Any, Any, None]] = []
+        try:
+            result = await self._cancel(params, task, context, teardown)
+        except Exception as error:
+            for answer in answers:
+                if not answer.done():
+                    answer.set_exception(error)
+        else:
+            for answer in answers:
+                if not answer.done():
+                    answer.set_result(result)
+        finally:
+            del self._cancels[task.id]
+            for step in teardown:  # After the answers, so that it does not delay them.
+                self._in_background(step)
 
-    async def _cancel(self, params: CancelTaskRequest, task: Task, context: ServerCallContext) -> Task:
+    async def _cancel(
+        self,
+        params: CancelTaskRequest,
+        task: Task,
+        context: ServerCallContext,
+        teardown: list[Coroutine[Any, Any, None]],
+    ) -> Task:
         started = time.monotonic()
         if task.status.state == _sdk.CANCELED:
             _log_cancel(task, "already canceled", "CANCELED", 0.0, False)
@@ -143,7 +168,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         late = False
         if active is not None:
             path = "parked" if task.status.state in _sdk.PARKED_STATES else "live"
-            result, late = await self._cancel_live(active, task, context)
+            result, late = await self._cancel_live(active, task, context, teardown)
         elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
             path, result = "not live here", await self._write_canceled(task.id, context)
         else:
@@ -172,9 +197,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         return result
 
     async def _cancel_live(
-        self, active: Any, task: Task, context: ServerCallContext
+        self,
+        active: Any,
+        task: Task,
+        context: ServerCallContext,
+        teardown: list[Coroutine[Any, Any, None]],
     ) -> tuple[Task, bool]:
-        """Cancel a run of this process; return the task as it ended and whether time ran out."""
+        """Cancel a run of this process; return the task as it ended and whether time ran out.
+
+        What is left of closing the run goes into ``teardown``, to run after the answer.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cancel_grace_period
         request_context = RequestContext(
@@ -190,8 +222,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             await _sdk.force_close(active, _MARGIN)
             executor._self_forget(task.id)
             return await self._write_canceled(task.id, context), True
-        # The answer is known; the run's own teardown (closing queues, ending streams) goes on.
-        self._in_background(self._tear_down(active, task.id))
+        teardown.append(self._tear_down(active, task.id))
         return result, late
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
