@@ -84,8 +84,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
                 await execution.run_inline(work)
             else:
                 await self._self_run_apart(execution, work)
-            # Returning lets the SDK close the request (and end its streams): CANCELED first.
-            await self._self_cancel_published(execution, self._self_deadline(self._self_grace_period))
+            if execution.cancel_done is not None:
+                # Returning lets the SDK close the request (and end its streams): CANCELED first.
+                deadline = self._self_deadline(self._self_grace_period)
+                await self._self_cancel_published(execution, deadline)
         finally:
             if self._self_executions.get(task_id) is execution and execution.cancel_done is None:
                 del self._self_executions[task_id]

@@ -40,19 +40,17 @@ def header(title: str) -> None:
 
 def interleaved(
     measure: Callable[[str], Awaitable[float]], rounds: int
-) -> tuple[dict[str, float], float]:
+) -> tuple[dict[str, list[float]], list[float]]:
     """Measure stock and ours ``rounds`` times each, in pairs, alternating which goes first.
 
-    Returns each kind's median and the median of the per-pair ratios ours/stock: a pair runs
-    back to back, so the drift of a shared machine mostly cancels out within it.
+    Returns each kind's measurements and the ratio ours/stock of each pair: a pair runs back
+    to back, so the drift of a shared machine mostly cancels out within it.
     """
     results: dict[str, list[float]] = {"stock": [], "ours": []}
     for index in range(rounds):
         for kind in ("stock", "ours") if index % 2 == 0 else ("ours", "stock"):
             results[kind].append(asyncio.run(measure(kind)))
-    pairs = [ours / stock for ours, stock in zip(results["ours"], results["stock"])]
-    medians = {kind: statistics.median(values) for kind, values in results.items()}
-    return medians, statistics.median(pairs)
+    return results, [ours / stock for ours, stock in zip(results["ours"], results["stock"])]
 
 
 def run(coroutine: Awaitable[Any]) -> Any:
