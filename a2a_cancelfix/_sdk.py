@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import importlib.metadata
 import logging
 import warnings
@@ -65,6 +66,22 @@ SUPPORTED = not MISSING
 
 # The SDK writes CANCELED itself for a task with no live run here (1.2.0+, `_cancel_remote`).
 SDK_CANCELS_WHERE_NOT_LIVE = hasattr(DefaultRequestHandlerV2, "_cancel_remote")
+
+
+def _runs_close_themselves() -> bool:
+    """Whether a run's teardown ends by itself once its streams are done (1.2.3+).
+
+    Up to 1.2.2 a stream never acknowledges the SDK's own request events, so closing the run's
+    queues waits for them forever. The fix has no name to probe for: its source line is.
+    """
+    try:
+        source = inspect.getsource(ActiveTask.subscribe)
+    except (OSError, TypeError):
+        return False
+    return "isinstance(event, _RequestStarted | _RequestCompleted)" in source
+
+
+RUNS_CLOSE_THEMSELVES = _runs_close_themselves()
 
 _warned = False
 

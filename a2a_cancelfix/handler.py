@@ -31,6 +31,8 @@ logger = logging.getLogger("a2a_cancelfix")
 
 # Time past the grace period for the SDK to record the terminal state and close the run.
 _MARGIN = 1.0
+# How long, after the answer, a run that can close itself gets to do so before it is forced.
+_PATIENCE = 30.0
 
 
 class DefaultRequestHandler(DefaultRequestHandlerV2):
@@ -232,13 +234,14 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         task.add_done_callback(self._background.discard)
 
     async def _tear_down(self, active: Any, task_id: str) -> None:
-        """Let the run close itself, within the margin; force it closed if it does not."""
+        """Let the run close itself; force it closed if it does not in time."""
         loop = asyncio.get_running_loop()
-        settle_by = loop.time() + _MARGIN
+        # Up to a2a-sdk 1.2.2 no run closes itself (see _sdk.RUNS_CLOSE_THEMSELVES): the margin
+        # is only a courtesy there. Later, a run gets long enough to close on a loop busy with
+        # thousands of cancels; only one held by an execute() that swallows the cancel needs it.
+        settle_by = loop.time() + (_PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else _MARGIN)
         stopped = await _sdk.producer_stopped(active, settle_by - loop.time())
         if not (stopped and await _sdk.wait_consumer(active, settle_by - loop.time())):
-            # Routine up to a2a-sdk 1.1.5, whose streams never acknowledge the SDK's own
-            # lifecycle events, so closing the run's queues waits for them forever.
             logger.debug("run of task %s did not close in time; it is force-closed", task_id)
             await _sdk.force_close(active, _MARGIN)
         self.agent_executor._self_forget(task_id)

@@ -16,8 +16,10 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, _sdk
+from a2a_cancelfix import handler as handler_module
 from a2a_cancelfix.check import (
     GRACE,
+    Gate,
     ScriptedExecutor,
     Server,
     Stream,
@@ -124,6 +126,41 @@ async def test_swallowing_execute_cannot_change_the_task_later(caplog) -> None:
 
     await within(run_gone())
     assert await stored(server, task_id) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_can_close_itself_is_not_forced_after_the_margin(caplog) -> None:
+    """After the answer, a run that closes itself slowly (a busy loop) is left to close.
+
+    Up to a2a-sdk 1.2.2 no run closes itself after a cancel, so it is forced after the margin.
+    """
+    server = make_server("ours", ScriptedExecutor())
+    await start(server)
+    task_id = server.executor.task_id
+    active = await server.handler._active_task_registry.get(task_id)
+    queue, closing = _sdk.agent_queue(active), Gate()
+    close = queue.close
+
+    async def slow_close(*args, **kwargs):
+        await closing()
+        await close(*args, **kwargs)
+
+    queue.close = slow_close
+
+    async def run_gone() -> None:
+        while await _sdk.has_run(server.handler, task_id):
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.DEBUG, logger="a2a_cancelfix"):
+        assert await within(cancel(server, task_id)) == "CANCELED"
+        await asyncio.sleep(handler_module._MARGIN + 0.3)  # The passing of time is under test.
+        forced = any("force-closed" in r.getMessage() for r in caplog.records)
+        closing.open()
+        await within(run_gone())
+    if _sdk.RUNS_CLOSE_THEMSELVES:
+        assert closing.reached.is_set() and not forced
+    else:
+        assert forced
 
 
 @pytest.mark.asyncio
