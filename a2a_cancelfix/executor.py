@@ -19,7 +19,7 @@ import wrapt
 from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
-from a2a_cancelfix.checkpoints import Run, RunCancelled, enter_run, leave_run
+from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
 
 from a2a.server.agent_execution import RequestContext
 
@@ -314,8 +314,8 @@ class _Execution:
         self.stopped = asyncio.get_running_loop().create_future()
         try:
             await work
-        except asyncio.CancelledError as error:
-            if not (self.interrupted or isinstance(error, RunCancelled)):
+        except asyncio.CancelledError:
+            if not self.run.cancelled:
                 raise  # Not the task's cancel: the SDK is tearing the run down.
         except Exception as error:
             if not self.run.cancelled:
