@@ -142,7 +142,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         teardown: list[Coroutine[Any, Any, None]] = []
         try:
             result = await self._cancel(params, task, context, teardown)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - every caller gets it, as if it were its own.
             for answer in answers:
                 if not answer.done():
                     answer.set_exception(error)

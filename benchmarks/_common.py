@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
