@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import importlib.metadata
+import inspect
 import logging
 import warnings
 from dataclasses import dataclass
@@ -139,9 +139,6 @@ def agent_queue(active: ActiveTask) -> EventQueue:
     return active._event_queue_agent  # 1.0.0-1.3.0
 
 
-_closing: set[asyncio.Future[None]] = set()
-
-
 async def wait_finished(active: ActiveTask, timeout: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died)."""
     if active._is_finished.is_set():
@@ -169,6 +166,10 @@ async def wait_consumer(active: ActiveTask, timeout: float) -> bool:
         return True
     await asyncio.wait({consumer}, timeout=max(timeout, 0))
     return consumer.done()
+
+
+# Force-closes still waiting for a run's tasks, held so that they are not collected.
+_closing: set[asyncio.Future[None]] = set()
 
 
 async def force_close(active: ActiveTask, timeout: float) -> None:
