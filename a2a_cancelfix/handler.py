@@ -262,26 +262,26 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
         await self._refuse_if_ended(params, context)
         events = super().on_message_send_stream(params, context)
-        closing = drained = False
+        handed_off = False
         try:
             async for event in events:
-                if closing:
-                    continue  # Nothing follows a terminal event; the SDK drops it as well.
                 yield event
                 if terminal_state(event) is None:
                     continue
+                # The spec ends the stream here. The SDK's own stream ends as the run closes:
+                # it is read to there (closing it instead would leave its inner stream to the
+                # garbage collector's finalizer, a cost on every message), at once if the run
+                # has returned, else in the background.
                 if self.agent_executor._self_running(_task_id_of(event)):
-                    # The spec ends the stream here, though the run has not closed yet. The
-                    # SDK's stream ends as the run closes: closing it now instead would leave
-                    # its inner stream to the garbage collector's finalizer.
                     self._in_background(_drain(events))
-                    drained = True
-                    return
-                closing = True  # The run has returned, and the SDK's stream ends next.
+                    handed_off = True
+                else:
+                    await _drain(events)
+                return
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         finally:
-            if not drained:
+            if not handed_off:
                 await events.aclose()
 
     async def on_subscribe_to_task(  # type: ignore[override]
