@@ -22,6 +22,8 @@ from a2a.server.events.event_queue import QueueShutDown
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
 from a2a.types import Task, TaskState
 
+from a2a_cancelfix._aio import wait_set
+
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
     from a2a.server.events.event_queue import EventQueue
@@ -141,11 +143,7 @@ def agent_queue(active: ActiveTask) -> EventQueue:
 
 async def wait_finished(active: ActiveTask, timeout: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died)."""
-    if active._is_finished.is_set():
-        return True
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(active._is_finished.wait(), max(timeout, 0))
-    return active._is_finished.is_set()
+    return await wait_set(active._is_finished, asyncio.get_running_loop().time() + timeout)
 
 
 async def producer_stopped(active: ActiveTask, timeout: float) -> bool:

@@ -119,6 +119,8 @@ class ScriptedExecutor(AgentExecutor):
         self.step = Gate()
         self.ready = asyncio.Event()
         self.cancel_called = asyncio.Event()
+        self.cancel_returned = asyncio.Event()
+        self.cancels = 0
         self.cancel_gate = Gate()
         self.completed = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -161,6 +163,7 @@ class ScriptedExecutor(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         self.cancel_called.set()
+        self.cancels += 1
         mode = self.cancel_mode
         if mode == "raise":
             raise RuntimeError("cancel() failed")
@@ -172,6 +175,7 @@ class ScriptedExecutor(AgentExecutor):
             await self.cancel_gate()
         if mode in ("publish", "io", "gate"):
             await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
+        self.cancel_returned.set()
 
 
 class FleetExecutor(AgentExecutor):

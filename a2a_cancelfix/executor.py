@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
 
+from a2a_cancelfix._aio import remaining, wait_set
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
 
@@ -120,8 +121,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         winds the work down (shielded sections first) before it lets the queue close.
         """
         deadline = self._self_deadline(self._self_grace_period)
-        await self._self_cancel(context, event_queue, deadline, tears_down=False)
-        self._self_forget(context.task_id or "")
+        try:
+            await self._self_cancel(context, event_queue, deadline, tears_down=False)
+        finally:  # Nothing resumes a cancel the SDK's handler gave up on.
+            self._self_forget(context.task_id or "")
 
     def _self_running(self, task_id: str) -> bool:
         """Whether an ``execute()`` of ``task_id`` is running, or a cancel of it."""
@@ -204,6 +207,9 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     ) -> None:
         """Do every step of a cancel, each bounded by ``deadline``; never raise for the executor.
 
+        Interrupted (its caller cancelled), it can be called again to finish: every step is
+        done once. ``cancel_done`` is set once all are done, or once the cancel is forgotten.
+
         Args:
             tears_down: True when the caller (our handler) keeps the run alive until this
                 returns and expects the work stopped: a parked task's ``cancel()`` then runs
@@ -219,69 +225,86 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         cancel_done = execution.begin_cancel()
         execution.run.cancel(reason)
         publisher = _CancelQueue(event_queue, context)
-        try:
-            if execution.stopped is None and not tears_down:
-                await publisher.publish_canceled()
-            await self._self_call_cancel(context, publisher, deadline)
+        if execution.ended is None and not tears_down:
             await publisher.publish_canceled()
-            if tears_down:
-                await self._self_stop_work(execution, deadline)
-        finally:
-            cancel_done.set()
+        await self._self_call_cancel(context, publisher, execution, deadline)
+        await publisher.publish_canceled()
+        if tears_down:
+            await self._self_stop_work(execution, deadline)
+        cancel_done.set()
 
     def _self_forget(self, task_id: str) -> None:
-        """Drop what a finished cancel kept about ``task_id``."""
+        """End the cancel of ``task_id``, done or given up on, and drop what it kept."""
         execution = self._self_executions.get(task_id)
-        if execution is not None and execution.cancel_done is not None and execution.cancel_done.is_set():
+        if execution is not None and execution.cancel_done is not None:
+            execution.cancel_done.set()  # A run still waiting to close its queue stops waiting.
             del self._self_executions[task_id]
 
     async def _self_call_cancel(
-        self, context: RequestContext, queue: EventQueue, deadline: float
+        self, context: RequestContext, queue: _CancelQueue, execution: _Execution, deadline: float
     ) -> None:
-        name = type(self.__wrapped__).__name__
-        call = asyncio.ensure_future(self.__wrapped__.cancel(context, queue))
-        try:
-            await asyncio.wait({call}, timeout=_remaining(deadline))
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        if not call.done():
-            call.cancel()
-            logger.warning(
-                "%s.cancel() did not return within the grace period for task %s; "
-                "the task is canceled without it",
-                name,
-                context.task_id,
-            )
-        elif call.cancelled():
-            logger.warning("%s.cancel() was cancelled for task %s", name, context.task_id)
-        elif call.exception() is not None:
-            logger.warning(
-                "%s.cancel() raised for task %s; the task is canceled anyway",
-                name,
-                context.task_id,
-                exc_info=call.exception(),
-            )
+        """Call the wrapped ``cancel()``, once per cancel, and wait for it until ``deadline``.
+
+        It runs in a task of its own: whoever waits for it may be interrupted (a request whose
+        client went away) without interrupting it, and it is cut off at ``deadline``.
+        """
+        if execution.cancel_returned is None:
+            execution.cancel_returned = asyncio.Event()
+            self._self_start_cancel(context, queue, execution.cancel_returned, deadline)
+        await wait_set(execution.cancel_returned, deadline)
+
+    def _self_start_cancel(
+        self, context: RequestContext, queue: _CancelQueue, returned: asyncio.Event, deadline: float
+    ) -> None:
+        name, task_id = type(self.__wrapped__).__name__, context.task_id
+
+        async def cancel_then_publish() -> None:
+            try:
+                try:
+                    await self.__wrapped__.cancel(context, queue)
+                except Exception as error:
+                    logger.warning(
+                        "%s.cancel() raised for task %s; the task is canceled anyway",
+                        name,
+                        task_id,
+                        exc_info=error,
+                    )
+                await queue.publish_canceled()  # Now, not a wake-up later in the waiter.
+            finally:
+                returned.set()
+
+        call = asyncio.ensure_future(cancel_then_publish())
+
+        def cut_off() -> None:
+            if not call.done():
+                logger.warning(
+                    "%s.cancel() did not return within the grace period for task %s; "
+                    "the task is canceled without it",
+                    name,
+                    task_id,
+                )
+                call.cancel()
+
+        timer = asyncio.get_running_loop().call_at(deadline, cut_off)
+        call.add_done_callback(lambda _: timer.cancel())
 
     @staticmethod
     async def _self_cancel_published(execution: _Execution, deadline: float) -> None:
         """Wait (by ``deadline``) for a cancel in progress to publish on the still-open queue."""
         if execution.cancel_done is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(execution.cancel_done.wait(), _remaining(deadline))
+            await wait_set(execution.cancel_done, deadline)
 
     async def _self_stop_work(self, execution: _Execution, deadline: float) -> None:
         """Let a shielded section finish, interrupt the work, wait for it; all by ``deadline``."""
-        stopped = execution.stopped
-        if stopped is None or stopped.done() or execution.abandoned:
+        ended = execution.ended
+        if ended is None or ended.is_set() or execution.abandoned:
             return
         if execution.run.shielded:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(execution.run.wait_unshielded(), _remaining(deadline))
-        if not stopped.done():
+                await asyncio.wait_for(execution.run.wait_unshielded(), remaining(deadline))
+        if not ended.is_set():
             execution.interrupt()
-            await asyncio.wait({stopped}, timeout=_remaining(deadline))
-        if not stopped.done():
+        if not await wait_set(ended, deadline):
             execution.abandon()
             logger.warning(
                 "%s.execute() ignored the cancel of task %s for the whole grace period; "
@@ -297,11 +320,12 @@ class _Execution:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.runner: asyncio.Task[Any] | None = None  # The task the work runs in.
-        self.stopped: asyncio.Future[Any] | None = None  # Done once the work has ended.
+        self.ended: asyncio.Event | None = None  # Set once the work has ended.
         self.settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
         self.interrupted = False
         self.abandoned = False
         self.cancel_done: asyncio.Event | None = None  # Set once a cancel has done its steps.
+        self.cancel_returned: asyncio.Event | None = None  # Set once the wrapped cancel() ends.
 
     def begin_cancel(self) -> asyncio.Event:
         if self.cancel_done is None:
@@ -311,7 +335,7 @@ class _Execution:
     async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
         """Run the work in this task; a cancel of the run ends it normally."""
         self.runner = asyncio.current_task()
-        self.stopped = asyncio.get_running_loop().create_future()
+        self.ended = asyncio.Event()
         try:
             await work
         except asyncio.CancelledError:
@@ -324,22 +348,29 @@ class _Execution:
         finally:
             if self.interrupted:
                 _uncancel(self.runner)  # Our interrupt is handled; the SDK's task runs on.
-            self.stopped.set_result(None)
+            self.ended.set()
 
     def start_apart(self, work: Coroutine[Any, Any, None]) -> None:
-        self.runner = self.stopped = asyncio.ensure_future(work)
+        self.ended = asyncio.Event()
+        self.runner = asyncio.ensure_future(work)
         # A plain future for execute() to await: its cancellation (the SDK tearing the run
         # down) cancels this, never the work.
         self.settled = asyncio.get_running_loop().create_future()
-        self.runner.add_done_callback(self._settle)
+        self.runner.add_done_callback(self._on_ended)
 
     def interrupt(self) -> None:
         assert self.runner is not None
-        self.interrupted = True
-        self.runner.cancel()
+        if not self.interrupted:  # Once: inline, each interrupt is one cancel to undo.
+            self.interrupted = True
+            self.runner.cancel()
 
     def abandon(self) -> None:
         self.abandoned = True
+        self._settle()
+
+    def _on_ended(self, _: object) -> None:
+        assert self.ended is not None
+        self.ended.set()
         self._settle()
 
     def _settle(self, _: object = None) -> None:
@@ -441,7 +472,3 @@ class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
                 task_id=context.task_id, context_id=context.context_id or "", status=status
             )
         )
-
-
-def _remaining(deadline: float) -> float:
-    return max(deadline - asyncio.get_running_loop().time(), 0.0)
