@@ -101,6 +101,28 @@ async def test_misbehaving_cancel_is_bounded_and_named(mode: str, caplog) -> Non
 
 
 @pytest.mark.asyncio
+async def test_a_client_leaving_mid_cancel_neither_interrupts_nor_repeats_cancel() -> None:
+    """The first caller drives the cancel; when its client leaves, the cancel goes on.
+
+    The executor's cancel() runs on, once, and a caller that joined gets the answer.
+    """
+    server = make_server("ours", ScriptedExecutor(cancel="gate"))
+    stream = await start(server)
+    task_id = server.executor.task_id
+    first = asyncio.ensure_future(cancel_task(server, task_id))
+    await within(server.executor.cancel_gate.reached.wait())
+    first.cancel()  # Its client went away.
+    await asyncio.wait({first}, timeout=GRACE)
+    assert first.cancelled()
+    second = asyncio.ensure_future(cancel(server, task_id))
+    server.executor.cancel_gate.open()
+    assert await within(second, GRACE + SLACK) == "CANCELED"
+    assert server.executor.cancel_returned.is_set()
+    assert server.executor.cancels == 1
+    assert await within(stream.ended()) and stream.last == "CANCELED"
+
+
+@pytest.mark.asyncio
 async def test_swallowing_execute_cannot_change_the_task_later(caplog) -> None:
     """An execute() that swallows the cancel is abandoned; what it does afterwards is dropped.
 
