@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 from a2a.types import SendMessageRequest
 
 from a2a_cancelfix.check import caller, make_server, message
 
-from _common import QuickExecutor, clock, header, interleaved
+from _common import QuickExecutor, clock, header, in_processes, interleaved
 
 
 def measure(messages: int, streaming: bool):
@@ -53,12 +50,7 @@ def main(quick: bool) -> None:
         f"hot path: {messages} messages a round, {rounds} pairs of rounds in each of "
         f"{processes} processes, medians"
     )
-    shares = []
-    for seed in range(processes):
-        command = [sys.executable, __file__, "--worker", str(messages), str(rounds)]
-        environment = {**os.environ, "PYTHONHASHSEED": str(seed)}
-        output = subprocess.run(command, env=environment, capture_output=True, text=True, check=True)
-        shares.append(json.loads(output.stdout.strip().splitlines()[-1]))
+    shares = in_processes(__file__, [str(messages), str(rounds)], processes)
     for name in ("blocking", "streaming"):
         stock = statistics.median(r for share in shares for r in share[name]["rates"]["stock"])
         ours = statistics.median(r for share in shares for r in share[name]["rates"]["ours"])
