@@ -277,7 +277,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
         await self._refuse_if_ended(params, context)
         events = super().on_message_send_stream(params, context)
-        handed_off = False
+        drained = False
         try:
             async for event in events:
                 yield event
@@ -287,16 +287,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 # it is read to there (closing it instead would leave its inner stream to the
                 # garbage collector's finalizer, a cost on every message), at once if the run
                 # has returned, else in the background.
+                drained = True
                 if self.agent_executor._self_running(_task_id_of(event)):
                     self._in_background(_drain(events))
-                    handed_off = True
                 else:
                     await _drain(events)
                 return
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         finally:
-            if not handed_off:
+            if not drained:
                 await events.aclose()
 
     async def on_subscribe_to_task(  # type: ignore[override]
@@ -349,12 +349,13 @@ async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[A
 
 async def _drain(events: AsyncGenerator[Any, None]) -> None:
     """Read the SDK's stream to its end, for nobody: what follows a terminal event is not news."""
-    async with contextlib.aclosing(events):
-        try:
-            async for _ in events:
-                pass
-        except Exception:
-            logger.debug("a stream raised after its terminal event", exc_info=True)
+    try:
+        async for _ in events:
+            pass
+    except Exception:
+        logger.debug("a stream raised after its terminal event", exc_info=True)
+    finally:
+        await events.aclose()
 
 
 def _task_id_of(event: Any) -> str:
