@@ -1,9 +1,12 @@
 """CancellableExecutor: a transparent proxy that makes any AgentExecutor cancel correctly.
 
-``execute()`` runs the wrapped executor's ``execute()`` in a task of its own, inside a
-cancellation scope (see checkpoints.py). That lets a cancel stop the work at checkpoints,
-wait for shielded sections, and keep the run's event queue open until CANCELED is in it,
-even when the SDK tears the run down before it calls ``cancel()`` (a2a-sdk 1.0.0-1.1.3).
+``execute()`` runs the wrapped executor's ``execute()`` inside a cancellation scope (see
+checkpoints.py). That lets a cancel stop the work at checkpoints, wait for shielded
+sections, and keep the run's event queue open until CANCELED is in it. Under the stock
+handler the work runs in a task of its own, which the SDK's teardown of the run cannot
+reach, even where it comes before ``cancel()`` (a2a-sdk 1.0.0-1.1.3); under our handler,
+which drives every cancel itself, it runs in the SDK's own task. The wrapped ``cancel()``
+always runs in a task of its own, once per cancel, cut off at the grace period.
 """
 
 from __future__ import annotations
