@@ -150,9 +150,9 @@ def instructions(url: str) -> str:
 def run(host: str, port: int) -> int:
     """Serve the demo until Ctrl-C."""
     try:
-        import uvicorn
-        import starlette  # noqa: F401
         import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn
     except ImportError as missing:
         print(
             f"The demo needs {missing.name}: pip install 'a2a-cancelfix[demo]'",

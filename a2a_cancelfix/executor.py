@@ -19,13 +19,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import wrapt
+from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix._aio import remaining, wait_set
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
-
-from a2a.server.agent_execution import RequestContext
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor

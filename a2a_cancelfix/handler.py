@@ -19,8 +19,8 @@ from a2a.types import (
     SubscribeToTaskRequest,
     Task,
     TaskNotCancelableError,
-    TaskState,
     TaskNotFoundError,
+    TaskState,
     UnsupportedOperationError,
 )
 

@@ -13,9 +13,8 @@ import argparse
 import asyncio
 import json
 
-from a2a_cancelfix.check import GRACE, ScriptedExecutor, cancel, make_server, start
-
 from _common import clock, header, in_processes, percentile, ratio
+from a2a_cancelfix.check import GRACE, ScriptedExecutor, cancel, make_server, start
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
 

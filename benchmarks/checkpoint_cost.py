@@ -7,9 +7,8 @@ import asyncio
 import contextvars
 import timeit
 
-from a2a_cancelfix.checkpoints import Run, RunCancelled, checkpoint, enter_run
-
 from _common import header, ratio
+from a2a_cancelfix.checkpoints import Run, RunCancelled, checkpoint, enter_run
 
 
 def empty() -> None:

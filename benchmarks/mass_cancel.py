@@ -7,9 +7,8 @@ import asyncio
 import gc
 import tracemalloc
 
-from a2a_cancelfix.check import FleetExecutor, cancel, make_server, start_fleet
-
 from _common import clock, header, ratio
+from a2a_cancelfix.check import FleetExecutor, cancel, make_server, start_fleet
 
 
 async def cancel_all(kind: str, count: int, traced: bool) -> tuple[float, float, dict[str, int]]:

@@ -12,10 +12,9 @@ from pathlib import Path
 from a2a.server.tasks import DatabaseTaskStore
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from _common import clock, header, percentile, run
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
 from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start
-
-from _common import clock, header, percentile, run
 
 STEP = 0.005  # seconds of work between two checkpoints
 

@@ -16,8 +16,8 @@ import httpx
 import uvicorn
 from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
-from a2a.server.events.event_queue import EventQueue
 from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import EventQueue
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import (
     BasePushNotificationSender,

@@ -5,12 +5,11 @@ import gc
 import tracemalloc
 
 import pytest
-
 from a2a.server.agent_execution.active_task import ActiveTask
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.check import FleetExecutor, caller, cancel, make_server, start_fleet, within
+from a2a_cancelfix.checkpoints import Run
 
 COUNT = 200
 ROUNDS = 3

@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 from a2a.server.agent_execution import RequestContext
+from a2a.server.tasks import InMemoryTaskStore
 
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
 from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start, stored, within
-from a2a.server.tasks import InMemoryTaskStore
 
 
 class PollingExecutor(ScriptedExecutor):
