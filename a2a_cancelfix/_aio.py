@@ -15,14 +15,10 @@ async def wait_set(event: asyncio.Event, deadline: float) -> bool:
     if not event.is_set():
         try:
             if _timeout_at is None:
-                await asyncio.wait_for(event.wait(), remaining(deadline))
+                await asyncio.wait_for(event.wait(), max(deadline - asyncio.get_running_loop().time(), 0))
             else:
                 async with _timeout_at(deadline):
                     await event.wait()
         except asyncio.TimeoutError:
             pass
     return event.is_set()
-
-
-def remaining(deadline: float) -> float:
-    return max(deadline - asyncio.get_running_loop().time(), 0.0)

@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any, ParamSpec, TypeVar, overload
 
+from a2a_cancelfix._aio import wait_set
+
 logger = logging.getLogger("a2a_cancelfix")
 
 P = ParamSpec("P")
@@ -92,9 +94,10 @@ class Run:
         self._callbacks.append(callback)
         return functools.partial(_discard, self._callbacks, callback)
 
-    async def wait_unshielded(self) -> None:
+    async def wait_unshielded(self, deadline: float) -> None:
+        """Wait until no shielded section runs, or the loop's clock reaches ``deadline``."""
         if self._unshielded is not None:
-            await self._unshielded.wait()
+            await wait_set(self._unshielded, deadline)
 
     def watch_due(self) -> bool:
         return self._watch is not None and not self.cancelled and time.monotonic() >= self._next_watch

@@ -12,7 +12,6 @@ always runs in a task of its own, once per cancel, cut off at the grace period.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -22,7 +21,7 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskStatus, TaskStatusUpdateEvent
 
-from a2a_cancelfix._aio import remaining, wait_set
+from a2a_cancelfix._aio import wait_set
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
 
@@ -302,8 +301,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         if ended is None or ended.is_set() or execution.abandoned:
             return
         if execution.run.shielded:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(execution.run.wait_unshielded(), remaining(deadline))
+            await execution.run.wait_unshielded(deadline)
         if not ended.is_set():
             execution.interrupt()
         if not await wait_set(ended, deadline):
@@ -375,7 +373,7 @@ class _Execution:
         self.ended.set()
         self._settle()
 
-    def _settle(self, _: object = None) -> None:
+    def _settle(self) -> None:
         if self.settled is not None and not self.settled.done():
             self.settled.set_result(None)
 
