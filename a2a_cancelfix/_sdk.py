@@ -7,7 +7,6 @@ editing this module only.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.metadata
 import inspect
@@ -16,13 +15,10 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from a2a.server.agent_execution import active_task as _active_task_module
-from a2a.server.agent_execution.active_task import ActiveTask
-from a2a.server.events.event_queue import QueueShutDown
-from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.types import Task, TaskState
 
-from a2a_cancelfix._aio import wait_set
+from a2a_cancelfix._aio import deadline_in, keep, wait_done, wait_set
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
@@ -34,10 +30,57 @@ __all__ = ["QueueShutDown"]
 
 SDK_VERSION = importlib.metadata.version("a2a-sdk")
 
-# Both sets are module constants of active_task.py in 1.0.0-1.3.0.
-TERMINAL_STATES: frozenset[int] = frozenset(_active_task_module.TERMINAL_TASK_STATES)
-PARKED_STATES: frozenset[int] = frozenset(_active_task_module.INTERRUPTED_TASK_STATES)
 CANCELED = TaskState.TASK_STATE_CANCELED
+MISSING: list[str] = []
+
+# A release that moved a private module must not break a server at import: each is probed.
+try:  # 1.0.0-1.3.0
+    from a2a.server.agent_execution import active_task as _active_task_module
+    from a2a.server.agent_execution.active_task import ActiveTask
+except ImportError:  # pragma: no cover - a future release
+    _active_task_module = None
+    ActiveTask = None
+    MISSING.append("a2a.server.agent_execution.active_task")
+
+try:  # 1.0.0-1.3.0
+    from a2a.server.events.event_queue import QueueShutDown
+except ImportError:  # pragma: no cover - a future release
+
+    class QueueShutDown(Exception):  # type: ignore[no-redef]
+        """Stands in for the SDK's; never raised."""
+
+
+try:  # request_handler.py's request validators, on the methods we override: 1.0.0-1.3.0
+    from a2a.server.request_handlers.request_handler import validate as _validate
+    from a2a.server.request_handlers.request_handler import validate_request_params
+except ImportError:  # pragma: no cover - a future release
+    _validate = None
+
+    def validate_request_params(method: Any) -> Any:  # type: ignore[no-redef]
+        return method
+
+
+def validate_streaming(method: Any) -> Any:
+    """Refuse a stream when the agent card says the agent does not stream, as the SDK does."""
+    if _validate is None:  # pragma: no cover - a future release
+        return method
+    # The SDK's own check and message on its stream methods: 1.0.0-1.3.0.
+    return _validate(
+        lambda self: self._agent_card.capabilities.streaming,
+        "Streaming is not supported by the agent",
+    )(method)
+
+
+# The SDK's state sets; both are module constants of active_task.py in 1.0.0-1.3.0.
+_TERMINAL = {
+    TaskState.TASK_STATE_COMPLETED,
+    TaskState.TASK_STATE_CANCELED,
+    TaskState.TASK_STATE_FAILED,
+    TaskState.TASK_STATE_REJECTED,
+}
+_PARKED = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
+TERMINAL_STATES: frozenset[int] = frozenset(getattr(_active_task_module, "TERMINAL_TASK_STATES", _TERMINAL))
+PARKED_STATES: frozenset[int] = frozenset(getattr(_active_task_module, "INTERRUPTED_TASK_STATES", _PARKED))
 
 # ActiveTask attributes we read, all assigned in ActiveTask.__init__ in 1.0.0-1.3.0.
 _ACTIVE_TASK_ATTRIBUTES = (
@@ -52,18 +95,17 @@ _ACTIVE_TASK_ATTRIBUTES = (
 
 
 def _probe() -> list[str]:
-    missing = [
-        name
-        for name in _ACTIVE_TASK_ATTRIBUTES
-        if name not in ActiveTask.__init__.__code__.co_names
-    ]
+    if ActiveTask is None:
+        return []
+    names = ActiveTask.__init__.__code__.co_names
+    missing = [name for name in _ACTIVE_TASK_ATTRIBUTES if name not in names]
     # The handler's registry of live runs: 1.0.0-1.3.0.
     if "_active_task_registry" not in DefaultRequestHandlerV2.__init__.__code__.co_names:
         missing.append("DefaultRequestHandlerV2._active_task_registry")
     return missing
 
 
-MISSING = _probe()
+MISSING += _probe()
 SUPPORTED = not MISSING
 
 # The SDK writes CANCELED itself for a task with no live run here (1.2.0+, `_cancel_remote`).
@@ -77,8 +119,8 @@ def _runs_close_themselves() -> bool:
     queues waits for them forever. The fix has no name to probe for: its source line is.
     """
     try:
-        source = inspect.getsource(ActiveTask.subscribe)
-    except (OSError, TypeError):
+        source = inspect.getsource(ActiveTask.subscribe)  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError):
         return False
     return "isinstance(event, _RequestStarted | _RequestCompleted)" in source
 
@@ -141,33 +183,20 @@ def agent_queue(active: ActiveTask) -> EventQueue:
     return active._event_queue_agent  # 1.0.0-1.3.0
 
 
-async def wait_finished(active: ActiveTask, timeout: float) -> bool:
-    """Wait until the SDK recorded a terminal state for the run (or it died)."""
-    return await wait_set(active._is_finished, asyncio.get_running_loop().time() + timeout)
+async def wait_finished(active: ActiveTask, deadline: float) -> bool:
+    """Wait until the SDK recorded a terminal state for the run (or it died), by ``deadline``."""
+    return await wait_set(active._is_finished, deadline)  # 1.0.0-1.3.0
 
 
-async def producer_stopped(active: ActiveTask, timeout: float) -> bool:
-    """Let the producer finish on its own: its teardown closes the queues and ends streams.
+async def run_closed(active: ActiveTask, deadline: float) -> bool:
+    """Let the run close on its own, by ``deadline``: its producer ends, then its consumer.
 
-    Cancelling it instead could land inside that teardown and leave the streams open, so a
-    producer still running after ``timeout`` is left to `force_close`.
+    The producer's teardown closes the queues and ends the streams; cancelling it instead
+    could land inside that teardown and leave them open, so a run still open at
+    ``deadline`` is left to `force_close`.
     """
-    producer = active._producer_task  # 1.0.0-1.3.0
-    if producer is not None and not producer.done():
-        await asyncio.wait({producer}, timeout=max(timeout, 0))
-    return producer is None or producer.done()
-
-
-async def wait_consumer(active: ActiveTask, timeout: float) -> bool:
-    consumer = active._consumer_task  # 1.0.0-1.3.0
-    if consumer is None or consumer.done():
-        return True
-    await asyncio.wait({consumer}, timeout=max(timeout, 0))
-    return consumer.done()
-
-
-# Force-closes still waiting for a run's tasks, held so that they are not collected.
-_closing: set[asyncio.Future[None]] = set()
+    # ActiveTask._producer_task and _consumer_task: 1.0.0-1.3.0
+    return await wait_done(active._producer_task, deadline) and await wait_done(active._consumer_task, deadline)
 
 
 async def force_close(active: ActiveTask, timeout: float) -> None:
@@ -178,10 +207,7 @@ async def force_close(active: ActiveTask, timeout: float) -> None:
     aclose = getattr(active, "aclose", None)  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
         # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
-        closing = asyncio.ensure_future(aclose())
-        _closing.add(closing)
-        closing.add_done_callback(_closing.discard)
-        await asyncio.wait({closing}, timeout=max(timeout, 0))
+        await wait_done(keep(aclose()), deadline_in(timeout))
     else:  # 1.0.0-1.1.1: the same steps by hand.
         active._request_queue.shutdown(immediate=True)
         await active._event_queue_agent.close(immediate=True)
@@ -209,7 +235,10 @@ async def write_canceled(
         if stored is None or stored.task.status.state in TERMINAL_STATES:
             return None if stored is None else stored.task
         # The SDK's own versioned CANCELED write (publishes to its event stream): 1.2.0+.
-        return await handler._cancel_remote(task_id, stored.task, stored.version, context)
+        await handler._cancel_remote(task_id, stored.task, stored.version, context)
+        # Read back: it answers with its own copy, even where a guarded store refused it.
+        stored = await versioned.get(task_id, context)
+        return None if stored is None else stored.task
     task = await handler.task_store.get(task_id, context)
     if task is None or task.status.state in TERMINAL_STATES:
         return task

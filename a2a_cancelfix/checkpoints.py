@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any, ParamSpec, TypeVar, overload
 
-from a2a_cancelfix._aio import wait_set
+from a2a_cancelfix._aio import keep, wait_set
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -63,6 +63,9 @@ class Run:
         self.reason: str | None = None
         self.requested_at: float | None = None
         self.cancelled = False
+        # The work has begun to unwind because of the cancel: interrupting it now could cut
+        # its cleanup (a claim's release, say) in half.
+        self.unwinding = False
         self._callbacks: list[Callable[[], Any]] = []
         self._shields = 0
         self._unshielded: asyncio.Event | None = None  # Made by the first shielded section.
@@ -85,6 +88,7 @@ class Run:
 
     def raise_if_cancelled(self) -> None:
         if self.cancelled and not self._shields:
+            self.unwinding = True
             raise RunCancelled(self.reason or "cancel requested", self.requested_at or 0.0)
 
     def add_callback(self, callback: Callable[[], Any]) -> Callable[[], None]:
@@ -260,7 +264,11 @@ def cancellable(step: Callable[P, Any]) -> Callable[P, Any]:
         @functools.wraps(step)
         async def async_step(*args: P.args, **kwargs: P.kwargs) -> Any:
             await checkpoint()
-            result = await step(*args, **kwargs)
+            try:
+                result = await step(*args, **kwargs)
+            except BaseException:
+                _note_unwinding()
+                raise
             await checkpoint()
             return result
 
@@ -269,25 +277,31 @@ def cancellable(step: Callable[P, Any]) -> Callable[P, Any]:
     @functools.wraps(step)
     def sync_step(*args: P.args, **kwargs: P.kwargs) -> Any:
         checkpoint()
-        result = step(*args, **kwargs)
+        try:
+            result = step(*args, **kwargs)
+        except BaseException:
+            _note_unwinding()
+            raise
         checkpoint()
         return result
 
     return sync_step
 
 
+def _note_unwinding() -> None:
+    """A step failed after the cancel (an ``on_cancel`` callback aborted its call, say)."""
+    run = _current_run.get()
+    if run is not None and run.cancelled:
+        run.unwinding = True
+
+
 def _call_safely(callback: Callable[[], Any], task_id: str) -> None:
     try:
         result = callback()
         if inspect.isawaitable(result):
-            asyncio.ensure_future(result).add_done_callback(_log_failure)
+            keep(result)
     except Exception:
         logger.exception("on_cancel callback %r failed for task %s", callback, task_id)
-
-
-def _log_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.error("on_cancel callback failed", exc_info=future.exception())
 
 
 def _discard(callbacks: list[Callable[[], Any]], callback: Callable[[], Any]) -> None:

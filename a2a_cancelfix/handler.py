@@ -6,14 +6,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.types import (
     CancelTaskRequest,
+    InternalError,
     Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
@@ -23,14 +24,22 @@ from a2a.types import (
     TaskState,
     UnsupportedOperationError,
 )
+from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.executor import CancellableExecutor, terminal_state
+from a2a_cancelfix._aio import deadline_in, keep
+from a2a_cancelfix.executor import CancellableExecutor
+from a2a_cancelfix.lifecycle import (
+    DEFAULT_GRACE_PERIOD,
+    FAILED,
+    MARGIN,
+    Cancellation,
+    seconds,
+    terminal_state,
+)
 
 logger = logging.getLogger("a2a_cancelfix")
 
-# Time past the grace period for the SDK to record the terminal state and close the run.
-_MARGIN = 1.0
 # How long, after the answer, a run that can close itself gets to do so before it is forced.
 _PATIENCE = 30.0
 
@@ -54,39 +63,41 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             enqueued events read the task store to learn of a cancel that another replica
             recorded there; ``None`` turns it off. A run also reads it before it publishes a
             terminal state.
+
+    Raises:
+        TypeError, ValueError: an option outside its documented values.
     """
 
     def __init__(
         self,
         agent_executor: AgentExecutor,
         *args: Any,
-        cancel_grace_period: float = 5.0,
+        cancel_grace_period: float = DEFAULT_GRACE_PERIOD,
         on_parked: Literal["cancel", "refuse"] = "cancel",
         on_canceled: Literal["raise", "return"] = "raise",
         replica_poll_interval: float | None = 1.0,
         **kwargs: Any,
     ) -> None:
-        if cancel_grace_period <= 0:
-            raise ValueError("cancel_grace_period must be greater than 0")
-        if replica_poll_interval is not None and replica_poll_interval <= 0:
-            raise ValueError("replica_poll_interval must be greater than 0, or None")
+        grace = seconds("cancel_grace_period", cancel_grace_period)
+        poll = seconds("replica_poll_interval", replica_poll_interval, optional=True)
         if on_parked not in ("cancel", "refuse"):
             raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {on_parked!r}")
         if on_canceled not in ("raise", "return"):
             raise ValueError(f"on_canceled must be 'raise' or 'return', not {on_canceled!r}")
         _sdk.warn_if_unsupported()
-        executor = CancellableExecutor(agent_executor, grace_period=cancel_grace_period)
-        if _sdk.SUPPORTED:  # Otherwise the SDK's own cancel drives, as under its handler.
-            executor._self_drive_cancels()
+        executor = CancellableExecutor(agent_executor, grace_period=grace)
         super().__init__(executor, *args, **kwargs)
-        if replica_poll_interval is not None:
-            executor._self_watch_store(self._stored_for_run, replica_poll_interval)
-        self.cancel_grace_period = cancel_grace_period
+        lifecycle = self._lifecycle = executor.cancel_lifecycle
+        lifecycle.grace_period = grace
+        # Otherwise the SDK's own cancel drives, as under its handler, and the work runs apart.
+        lifecycle.inline = _sdk.SUPPORTED
+        if poll is not None:
+            lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, poll
+        self.cancel_grace_period = grace
         self.on_parked = on_parked
         self.on_canceled = on_canceled
-        self._cancels: dict[str, list[asyncio.Future[Task]]] = {}  # Callers of each cancel.
-        self._background: set[asyncio.Future[None]] = set()
 
+    @_sdk.validate_request_params
     async def on_cancel_task(  # type: ignore[override]
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task:
@@ -95,35 +106,46 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         Raises:
             TaskNotFoundError: unknown id, or a task the caller does not own.
             TaskNotCancelableError: already terminal, or parked under ``on_parked="refuse"``.
+            InternalError: the executor's ``cancel()`` raised (the task ends FAILED), or the
+                task store failed.
         """
-        task_id = params.id
-        task = await _sdk.read_task(self, task_id, context)
-        if task is None:
-            raise TaskNotFoundError
+        task_id, cancellations = params.id, self._lifecycle.cancellations
+        # A cancel in progress is joined before any await: its outcome is this one's too.
+        joined = cancellations.get(task_id)
+        answer = None if joined is None else joined.join()
+        try:
+            task = await self._read(task_id, context)  # Owner-scoped: joining needs it too.
+            if task is None:
+                raise TaskNotFoundError
+        except BaseException:
+            if answer is not None:
+                answer.cancel()
+            raise
+        joined = cancellations.get(task_id)
+        if answer is None and joined is not None:
+            answer = joined.join()
+        if answer is not None:
+            return await answer
+        self._refuse_unless_cancelable(task)
+        if task.status.state == _sdk.CANCELED:  # on_canceled="return"
+            _log_cancel(task, "already canceled", "CANCELED", 0.0, False)
+            return task
         # Looked up once, so that a cancel resumed without its caller takes the same path.
         active = await _sdk.live_task(self, task_id)
-        answer: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
-        answers = self._cancels.get(task_id)
-        if answers is not None:  # Being cancelled: that cancel's answer is this one's too.
-            answers.append(answer)
-            return await answer
-        try:
-            self._refuse_unless_cancelable(task)
-        except TaskNotCancelableError:
-            terminal = task.status.state in _sdk.TERMINAL_STATES
-            path = "already terminal" if terminal else "parked, refused"
-            _log_cancel(task, path, "TaskNotCancelable", 0.0, False)
-            raise
-        answers = self._cancels[task_id] = [answer]
+        joined = cancellations.get(task_id)
+        if joined is not None:
+            return await joined.join()
+        cancellation = self._lifecycle.begin(task_id)
+        answer = cancellation.join()
         try:
             # The first caller drives the cancel itself: a task of its own would cost a
             # wake-up at each end, a tenth of a fast cancel.
-            await self._cancel_for_all(params, task, active, context, answers)
+            await self._drive(cancellation, params, task, active, context)
         except asyncio.CancelledError:
             # Its client went away. The cancel goes on without it, from the top: every step
-            # it had done is done once, every wait is waited again.
+            # it had done is done once, every wait ends at the same deadline.
             answer.cancel()
-            self._in_background(self._cancel_for_all(params, task, active, context, answers))
+            keep(self._drive(cancellation, params, task, active, context))
             raise
         return answer.result()
 
@@ -131,81 +153,96 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
         return await _sdk.read_task(self, context.task_id or "", context.call_context)
 
+    async def _read(self, task_id: str, context: ServerCallContext) -> Task | None:
+        """The task as the caller may see it; a failing store is an A2A error."""
+        try:
+            return await _sdk.read_task(self, task_id, context)
+        except A2AError:
+            raise
+        except Exception as error:
+            logger.warning("could not read task %s from the task store", task_id, exc_info=True)
+            raise InternalError(message=f"The task store failed: {type(error).__name__}") from error
+
     def _refuse_unless_cancelable(self, task: Task) -> None:
         state = task.status.state
         if state in _sdk.TERMINAL_STATES:
             if state == _sdk.CANCELED and self.on_canceled == "return":
                 return
+            _log_cancel(task, "already terminal", "TaskNotCancelable", 0.0, False)
             raise TaskNotCancelableError(message=f"Task {task.id} is already in a terminal state")
         if state in _sdk.PARKED_STATES and self.on_parked == "refuse":
+            _log_cancel(task, "parked, refused", "TaskNotCancelable", 0.0, False)
             raise TaskNotCancelableError(
                 message=f"Task {task.id} is waiting for input and this server keeps such tasks"
             )
 
-    async def _cancel_for_all(
+    async def _drive(
         self,
+        cancellation: Cancellation,
         params: CancelTaskRequest,
         task: Task,
         active: Any,
         context: ServerCallContext,
-        answers: list[asyncio.Future[Task]],
     ) -> None:
-        """Cancel ``task``, answer every caller waiting for it, then let the run close.
+        """Carry the cancel out, answer every caller, then let the run close (steps 2-8).
 
         Interrupted, it answers nobody and can be called again to finish.
         """
-        teardown: list[Coroutine[Any, Any, None]] = []
+        outcome: Task | BaseException
         try:
-            result = await self._cancel(params, task, active, context, teardown)
-        except Exception as error:  # noqa: BLE001 - every caller gets it, as if it were its own.
-            for answer in answers:
-                if not answer.done():
-                    answer.set_exception(error)
-        else:
-            for answer in answers:
-                if not answer.done():
-                    answer.set_result(result)
-        del self._cancels[task.id]
-        for step in teardown:  # After the answers, so that it does not delay them.
-            self._in_background(step)
+            outcome = await self._cancel(cancellation, params, task, active, context)
+        except A2AError as error:
+            outcome = error
+        except Exception as error:  # A store that fails mid-cancel: every caller learns it.
+            logger.warning("the cancel of task %s failed", task.id, exc_info=True)
+            outcome = InternalError(message=f"The cancel failed: {type(error).__name__}")
+        cancellation.answer(outcome)
+        self._lifecycle.end(cancellation)
+        if active is not None:  # After the answers, so that it does not delay them.
+            keep(self._tear_down(active, task.id))
 
     async def _cancel(
         self,
+        cancellation: Cancellation,
         params: CancelTaskRequest,
         task: Task,
         active: Any,
         context: ServerCallContext,
-        teardown: list[Coroutine[Any, Any, None]],
     ) -> Task:
         """Cancel ``task``, whose run here is ``active`` (None: it has none live here)."""
         started = time.monotonic()
-        if task.status.state == _sdk.CANCELED:
-            _log_cancel(task, "already canceled", "CANCELED", 0.0, False)
-            return task
-        late = False
         if active is not None:
             path = "parked" if task.status.state in _sdk.PARKED_STATES else "live"
-            result, late = await self._cancel_live(active, task, context, teardown)
+            result = await self._cancel_live(cancellation, active, task, context)
         elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
             path, result = "not live here", await self._write_canceled(task.id, context)
         else:
-            path, result = "not live here (SDK)", await self._cancel_by_sdk(params, context)
-        _log_cancel(task, path, _state_name(result), time.monotonic() - started, late)
-        if result.status.state != _sdk.CANCELED:
-            raise TaskNotCancelableError(
-                message=f"Task {task.id} reached {_state_name(result)} before the cancel"
-            )
-        return result
+            path, result = "not live here (SDK)", await self._cancel_by_sdk(params, context, cancellation)
+        state = result.status.state
+        _log_cancel(task, path, _state_name(result), time.monotonic() - started, cancellation.late)
+        if state == _sdk.CANCELED:
+            return result
+        if state == FAILED and cancellation.failure is not None:
+            raise InternalError(message=f"The agent failed to cancel task {task.id}; the task has FAILED")
+        raise TaskNotCancelableError(message=f"Task {task.id} reached {_state_name(result)} before the cancel")
 
-    async def _cancel_by_sdk(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
+    async def _cancel_by_sdk(
+        self, params: CancelTaskRequest, context: ServerCallContext, cancellation: Cancellation
+    ) -> Task:
         """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
+        timeout = max(cancellation.deadline + MARGIN - asyncio.get_running_loop().time(), 0)
         try:
-            return await asyncio.wait_for(
-                super().on_cancel_task(params, context), self.cancel_grace_period + _MARGIN
-            )
+            await asyncio.wait_for(super().on_cancel_task(params, context), timeout)
         except asyncio.TimeoutError:
             logger.warning("the SDK's cancel of task %s hung; CANCELED is written directly", params.id)
             return await self._write_canceled(params.id, context)
+        except TaskNotCancelableError:
+            pass  # Another cancel, or the run's own end, came first: the store says which.
+        # Read back: the SDK answers with its own copy, even where a guarded store refused it.
+        stored = await self._read(params.id, context)
+        if stored is None:
+            raise TaskNotFoundError
+        return stored
 
     async def _write_canceled(self, task_id: str, context: ServerCallContext) -> Task:
         result = await _sdk.write_canceled(self, task_id, context)
@@ -214,53 +251,32 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         return result
 
     async def _cancel_live(
-        self,
-        active: Any,
-        task: Task,
-        context: ServerCallContext,
-        teardown: list[Coroutine[Any, Any, None]],
-    ) -> tuple[Task, bool]:
-        """Cancel a run of this process; return the task as it ended and whether time ran out.
-
-        What is left of closing the run goes into ``teardown``, to run after the answer.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cancel_grace_period
+        self, cancellation: Cancellation, active: Any, task: Task, context: ServerCallContext
+    ) -> Task:
+        """Cancel a run of this process; return the task as it ended."""
         request_context = RequestContext(
             call_context=context, task_id=task.id, context_id=task.context_id, task=task
         )
-        executor: CancellableExecutor = self.agent_executor  # type: ignore[assignment]
-        await executor._self_cancel(request_context, _sdk.agent_queue(active), deadline, tears_down=True)
-        late = loop.time() >= deadline
-        recorded = await _sdk.wait_finished(active, _MARGIN)
-        result = await _sdk.read_task(self, task.id, context)
+        await cancellation.carry_out(request_context, _sdk.agent_queue(active))
+        recorded = await _sdk.wait_finished(active, cancellation.deadline + MARGIN)
+        result = await self._read(task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
-            await _sdk.force_close(active, _MARGIN)
-            executor._self_forget(task.id)
-            return await self._write_canceled(task.id, context), True
-        teardown.append(self._tear_down(active, task.id))
-        return result, late
-
-    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` after the answer, holding a reference so that it is not lost."""
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+            await _sdk.force_close(active, MARGIN)
+            return await self._write_canceled(task.id, context)
+        return result
 
     async def _tear_down(self, active: Any, task_id: str) -> None:
         """Let the run close itself; force it closed if it does not in time."""
-        loop = asyncio.get_running_loop()
         # Up to a2a-sdk 1.2.2 no run closes itself (see _sdk.RUNS_CLOSE_THEMSELVES): the margin
         # is only a courtesy there. Later, a run gets long enough to close on a loop busy with
         # thousands of cancels; only one held by an execute() that swallows the cancel needs it.
-        settle_by = loop.time() + (_PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else _MARGIN)
-        stopped = await _sdk.producer_stopped(active, settle_by - loop.time())
-        if not (stopped and await _sdk.wait_consumer(active, settle_by - loop.time())):
+        settle_by = deadline_in(_PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else MARGIN)
+        if not await _sdk.run_closed(active, settle_by):
             logger.debug("run of task %s did not close in time; it is force-closed", task_id)
-            await _sdk.force_close(active, _MARGIN)
-        self.agent_executor._self_forget(task_id)
+            await _sdk.force_close(active, MARGIN)
 
+    @_sdk.validate_request_params
     async def on_message_send(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
@@ -271,6 +287,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
 
+    @_sdk.validate_request_params
+    @_sdk.validate_streaming
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
@@ -288,8 +306,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 # garbage collector's finalizer, a cost on every message), at once if the run
                 # has returned, else in the background.
                 drained = True
-                if self.agent_executor._self_running(_task_id_of(event)):
-                    self._in_background(_drain(events))
+                if self._lifecycle.busy(_task_id_of(event)):
+                    keep(_drain(events))
                 else:
                     await _drain(events)
                 return
@@ -299,6 +317,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             if not drained:
                 await events.aclose()
 
+    @_sdk.validate_request_params
+    @_sdk.validate_streaming
     async def on_subscribe_to_task(  # type: ignore[override]
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
@@ -307,7 +327,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         A terminal task has nothing more to stream: ``UnsupportedOperationError``, as the SDK
         says from 1.2.0, checked before the SDK would set up (and leak) a run for it.
         """
-        task = await _sdk.read_task(self, params.id, context)
+        task = await self._read(params.id, context)
         if task is None:
             raise TaskNotFoundError
         if task.status.state in _sdk.TERMINAL_STATES:
@@ -322,14 +342,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
 
         Checked before the SDK sees the message: for a terminal task it would set up a run
         whose queues it never closes (1.0.0-1.3.0 leak two asyncio tasks per such message).
+        Read first, as the caller: a task that is not the caller's is none of its business.
         """
         task_id = params.message.task_id
         if not task_id:
             return
-        if task_id in self._cancels:
-            raise _ended(params)
-        task = await _sdk.read_task(self, task_id, context)
-        if task is not None and task.status.state in _sdk.TERMINAL_STATES:
+        task = await self._read(task_id, context)
+        if task is None:
+            return  # The SDK answers TaskNotFoundError its own way.
+        if task_id in self._lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
             raise _ended(params)
 
 

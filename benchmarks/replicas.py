@@ -92,14 +92,14 @@ async def reads_per_task_second(kind: str, interval: float, tasks: int, seconds:
         executor = SteppingExecutor()
         a = make_server("ours", executor, store=shared, push=False, replica_poll_interval=interval)
         wrapper = a.handler.agent_executor
-        original, reads = wrapper._self_store, 0
+        original, reads = wrapper.cancel_lifecycle.read_stored, 0
 
         async def counted(context):
             nonlocal reads
             reads += 1
             return await original(context)
 
-        wrapper._self_store = counted
+        wrapper.cancel_lifecycle.read_stored = counted
         streams = []
         for _ in range(tasks):
             executor.step = type(executor.step)()

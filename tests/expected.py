@@ -41,7 +41,7 @@ STOCK: dict[str, tuple[str, str, str, str]] = {
     "no live run here (restart, other replica)": ("HANG",) * 3 + ("CANCELED / CANCELED",),
     "cancel() publishes CANCELED": _same("CANCELED / CANCELED"),
     "cancel() awaits I/O, then publishes": ("WORKING / WORKING",) * 2 + ("CANCELED / CANCELED",) * 2,
-    "cancel() raises": _same("raised RuntimeError"),
+    "cancel() raises": _same("raised RuntimeError / FAILED"),
     "cancel() hangs": _same("HANG"),
     "execute() swallows CancelledError": _same("HANG"),
     "another user cancels": ("WORKING, owner sees WORKING, run killed",) * 2
@@ -61,4 +61,5 @@ WRAPPED: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
     "another user subscribes": ("got WORKING",) * 2 + (None, None),
     "completed task": (None, "COMPLETED", "COMPLETED", None),
     "caller disconnects mid-cancel": _same("task ends WORKING"),
+    "cancel() raises": _same("raised RuntimeError / FAILED"),
 }

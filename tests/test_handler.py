@@ -16,7 +16,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, _sdk
-from a2a_cancelfix import handler as handler_module
+from a2a_cancelfix import lifecycle as lifecycle_module
 from a2a_cancelfix.check import (
     GRACE,
     Gate,
@@ -88,14 +88,17 @@ async def test_return_policy_makes_cancel_idempotent() -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("mode", ["hang", "raise"])
-async def test_misbehaving_cancel_is_bounded_and_named(mode: str, caplog) -> None:
-    """A hanging or raising cancel() still ends CANCELED in time, with a warning naming the executor."""
+@pytest.mark.parametrize(("mode", "answer", "state"), [("hang", "CANCELED", "CANCELED"), ("raise", "Internal", "FAILED")])
+async def test_misbehaving_cancel_is_bounded_and_named(mode: str, answer: str, state: str, caplog) -> None:
+    """A hanging cancel() ends CANCELED in time, a raising one FAILED (as upstream) with an A2A
+    error; the stream sees it, and a warning names the executor."""
     server = make_server("ours", ScriptedExecutor(cancel=mode))
-    await start(server)
+    stream = await start(server)
     task_id = server.executor.task_id
     with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
-        assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
+        assert await within(cancel(server, task_id), GRACE + SLACK) == answer
+    assert await stream.ended() and stream.last == state
+    assert await stored(server, task_id) == state
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("ScriptedExecutor.cancel()" in w and task_id in w for w in warnings)
 
@@ -175,7 +178,7 @@ async def test_a_run_that_can_close_itself_is_not_forced_after_the_margin(caplog
 
     with caplog.at_level(logging.DEBUG, logger="a2a_cancelfix"):
         assert await within(cancel(server, task_id)) == "CANCELED"
-        await asyncio.sleep(handler_module._MARGIN + 0.3)  # The passing of time is under test.
+        await asyncio.sleep(lifecycle_module.MARGIN + 0.3)  # The passing of time is under test.
         forced = any("force-closed" in r.getMessage() for r in caplog.records)
         closing.open()
         await within(run_gone())
@@ -298,8 +301,8 @@ async def test_nothing_is_left_behind(executor: str) -> None:
             await asyncio.sleep(0)
 
     await within(gone())
-    assert server.handler._cancels == {}
-    assert server.handler.agent_executor._self_executions == {}
+    lifecycle = server.handler.agent_executor.cancel_lifecycle
+    assert lifecycle.cancellations == {} and lifecycle.works == {}
 
 
 def _subscribe(task_id: str):

@@ -92,7 +92,7 @@ async def test_no_poll_before_the_interval_is_due() -> None:
         reads += 1
         return await original(context)
 
-    a.handler.agent_executor._self_store = counted
+    a.handler.agent_executor.cancel_lifecycle.read_stored = counted
     await start(a)
     seen = a.executor.checkpoints
     await within(_until(lambda: a.executor.checkpoints > seen + 1000))
@@ -113,7 +113,7 @@ async def test_a_store_that_fails_to_answer_does_not_fail_the_run(caplog) -> Non
     async def broken(context: RequestContext):
         raise OSError("database unreachable")
 
-    a.handler.agent_executor._self_store = broken
+    a.handler.agent_executor.cancel_lifecycle.read_stored = broken
     await start(a)
     failed = lambda: sum("could not read task" in r.getMessage() for r in caplog.records)  # noqa: E731
     await within(_until(lambda: failed() >= 2))  # It looked, failed, and looked again.
