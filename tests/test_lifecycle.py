@@ -1,0 +1,310 @@
+"""A cancel's lifecycle under adversity: slow and failing stores, callers that leave or join,
+cleanup in progress, shielded sections, strangers, bad options and bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+
+import pytest
+import wrapt
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import (
+    CancelTaskRequest,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
+from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
+
+from a2a_cancelfix import CancellableExecutor, FinalStateTaskStore, _sdk, cancellable, on_cancel
+from a2a_cancelfix.check import (
+    GRACE,
+    Gate,
+    ScriptedExecutor,
+    Stream,
+    caller,
+    cancel,
+    make_server,
+    message,
+    start,
+    stored,
+    wait_all_tasks_blocked,
+    within,
+)
+from a2a_cancelfix.lifecycle import MARGIN
+
+SLACK = 1.5
+
+
+class HeldStore(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A task store whose next read can be held at a gate, or made to fail."""
+
+    def __init__(self, store) -> None:
+        super().__init__(store)
+        self._self_hold: Gate | None = None
+        self._self_fail = False
+
+    def hold_next_read(self) -> Gate:
+        self._self_hold = Gate()
+        return self._self_hold
+
+    def fail_reads(self, fail: bool = True) -> None:
+        self._self_fail = fail
+
+    async def get(self, *args, **kwargs):
+        if self._self_fail:
+            raise ConnectionError("the database went away")
+        gate, self._self_hold = self._self_hold, None
+        if gate is not None:
+            await gate()
+        return await self.__wrapped__.get(*args, **kwargs)
+
+
+def lifecycle_of(server):
+    return server.handler.agent_executor.cancel_lifecycle
+
+
+# Options and requests
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(math.nan, ValueError), (math.inf, ValueError), (0, ValueError), (-1.0, ValueError), ("5", TypeError), (True, TypeError)],
+    ids=["nan", "inf", "zero", "negative", "string", "bool"],
+)
+def test_seconds_options_refuse_anything_but_a_finite_positive_number(value, error) -> None:
+    """NaN, infinity, zero and non-numbers are refused with a clear error at construction."""
+    builds = {
+        "cancel_grace_period": lambda: make_server("ours", ScriptedExecutor(), cancel_grace_period=value),
+        "replica_poll_interval": lambda: make_server("ours", ScriptedExecutor(), replica_poll_interval=value),
+        "grace_period": lambda: CancellableExecutor(ScriptedExecutor(), grace_period=value),
+    }
+    for name, build in builds.items():
+        with pytest.raises(error, match=name):
+            build()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_requests_are_validated_as_the_sdk_does(kind: str) -> None:
+    """A cancel or a subscribe with an empty id is invalid params, as the stock handler says."""
+    server = make_server(kind, ScriptedExecutor())
+    with pytest.raises(InvalidParamsError):
+        await within(server.handler.on_cancel_task(CancelTaskRequest(id=""), caller()))
+    with pytest.raises(InvalidParamsError):
+        await within(_first(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=""), caller())))
+
+
+async def _first(events):
+    async for event in events:
+        return event
+
+
+# Joining, leaving, strangers
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_joined_during_a_slow_read_shares_the_outcome() -> None:
+    """A second cancel whose store read is slow still joins the first: both CANCELED."""
+    store = HeldStore(InMemoryTaskStore())
+    server = make_server("ours", ScriptedExecutor(cancel="gate"), store=store)
+    await start(server)
+    task_id = server.executor.task_id
+    first = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_gate.reached.wait())
+    slow_read = store.hold_next_read()
+    second = asyncio.ensure_future(cancel(server, task_id))
+    await within(slow_read.reached.wait())
+    server.executor.cancel_gate.open()
+    assert await within(first, GRACE + SLACK) == "CANCELED"
+    slow_read.open()  # The first cancel has ended: only a join made before the read holds.
+    assert await within(second, GRACE + SLACK) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_the_deadline_is_fixed_by_the_first_request() -> None:
+    """When the caller driving a cancel leaves, the cancel goes on to the same deadline."""
+    server = make_server("ours", ScriptedExecutor(cancel="hang"))
+    await start(server)
+    task_id = server.executor.task_id
+    loop = asyncio.get_running_loop()
+    driver = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_called.wait())
+    cancellation = lifecycle_of(server).cancellations[task_id]
+    deadline = cancellation.deadline
+    joined = asyncio.ensure_future(cancel(server, task_id))
+    await wait_all_tasks_blocked()
+    driver.cancel()  # Its client went away.
+    assert await within(joined, GRACE + SLACK) == "CANCELED"
+    assert cancellation.deadline == deadline
+    assert loop.time() < deadline + MARGIN
+
+
+@pytest.mark.asyncio
+async def test_a_stranger_learns_nothing_of_a_task_being_canceled() -> None:
+    """While the owner's cancel runs, another user's message to the task is TaskNotFound."""
+    server = make_server("ours", ScriptedExecutor(park=True, cancel="gate"))
+    await start(server)
+    task_id = server.executor.task_id
+    cancelling = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_gate.reached.wait())
+    request = SendMessageRequest(message=message("more", task_id=task_id))
+    with pytest.raises(TaskNotFoundError):
+        await within(server.handler.on_message_send(request, caller("mallory")))
+    server.executor.cancel_gate.open()
+    assert await within(cancelling, GRACE + SLACK) == "CANCELED"
+
+
+# The order of effects
+
+
+class ReportAgent(ScriptedExecutor):
+    """The README's shape: a claim held by ``async with``, released with an await on exit, and
+    a step whose in-flight call an ``on_cancel`` callback aborts."""
+
+    def __init__(self) -> None:
+        super().__init__(cancel="gate")
+        self.release = Gate()
+        self.log: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def claim(self):
+        self.log.append("claimed")
+        try:
+            yield
+        finally:
+            try:
+                await self.release()  # The claim's release: I/O.
+            except asyncio.CancelledError:
+                self.log.append("release interrupted")
+                raise
+            self.log.append("released")
+
+    async def _work_step(self) -> None:
+        async with self.claim():
+            await self.orchestrate()
+
+    @cancellable
+    async def orchestrate(self) -> None:
+        call = asyncio.get_running_loop().create_future()
+        unregister = on_cancel(call.cancel)
+        try:
+            self.step.reached.set()
+            await call
+        finally:
+            unregister()
+
+
+@pytest.mark.asyncio
+async def test_cleanup_under_way_is_not_interrupted() -> None:
+    """The callback aborts the call, the claim's release begins; cancel() returning later does
+    not interrupt that release, and the answer comes once the claim is released."""
+    server = make_server("ours", ReportAgent())
+    stream = await start(server)
+    agent = server.executor
+    task_id = agent.task_id
+    cancelling = asyncio.ensure_future(cancel(server, task_id))
+    await within(agent.release.reached.wait())  # Unwinding: the release is in progress.
+    await within(agent.cancel_gate.reached.wait())
+    agent.cancel_gate.open()  # cancel() returns while the release is still in progress.
+    await wait_all_tasks_blocked()
+    assert agent.log == ["claimed"]
+    assert not cancelling.done() and stream.last == "WORKING"
+    agent.release.open()
+    assert await within(cancelling, GRACE + SLACK) == "CANCELED"
+    assert agent.log == ["claimed", "released"]
+    assert await stream.ended() and stream.last == "CANCELED"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_nobody_sees_canceled_while_a_shielded_section_writes(kind: str) -> None:
+    """Stream and GetTask show CANCELED only once the shielded section has ended (ours);
+    the stock handler records CANCELED while the run is killed mid-write."""
+    from .test_checkpoints import WritingExecutor
+
+    server = make_server(kind, WritingExecutor())
+    stream = await start(server)
+    executor = server.executor
+    await within(executor.write.reached.wait())
+    cancelling = asyncio.ensure_future(cancel(server, executor.task_id))
+    await within(executor.cancel_called.wait())
+    await wait_all_tasks_blocked()
+    if kind == "stock":
+        assert executor.log[-1] == "released"  # Killed mid-write; the claim went with it.
+        executor.write.open()
+        await within(cancelling, GRACE + SLACK)
+        return
+    assert executor.log[-1] == "write started"
+    assert await stored(server, executor.task_id) == "WORKING"
+    assert stream.last == "WORKING" and not stream.task.done()
+    executor.write.open()
+    assert await within(cancelling, GRACE + SLACK) == "CANCELED"
+    assert executor.log[-2:] == ["write finished", "released"]
+    assert await stream.ended() and stream.last == "CANCELED"
+
+
+# Stores that fail or race
+
+
+@pytest.mark.asyncio
+async def test_a_store_failing_mid_cancel_is_an_a2a_error_and_nothing_is_kept() -> None:
+    """A transient store error reaches every caller as InternalError; no entry stays behind."""
+    store = HeldStore(InMemoryTaskStore())
+    server = make_server("ours", ScriptedExecutor(cancel="gate"), store=store)
+    await start(server)
+    task_id = server.executor.task_id
+    calls = [asyncio.ensure_future(cancel(server, task_id)) for _ in range(2)]
+    await within(server.executor.cancel_gate.reached.wait())
+    await wait_all_tasks_blocked()
+    store.fail_reads()
+    server.executor.cancel_gate.open()
+    assert await within(asyncio.gather(*calls), GRACE + SLACK) == ["Internal", "Internal"]
+    store.fail_reads(False)
+    lifecycle = lifecycle_of(server)
+    assert lifecycle.cancellations == {}
+    await within(_run_gone(server, task_id), GRACE + SLACK)
+    assert lifecycle.works == {}
+
+
+async def _run_gone(server, task_id: str) -> None:
+    from a2a_cancelfix.check import eventually
+
+    async def gone() -> bool:
+        return not await _sdk.has_run(server.handler, task_id)
+
+    await eventually(gone)
+
+
+class CompletionLandsFirst(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A store where the run's COMPLETED lands just before a CANCELED write reaches it."""
+
+    async def save(self, task: Task, *args, **kwargs) -> None:
+        if task.status.state == _sdk.CANCELED:
+            completed = Task()
+            completed.CopyFrom(task)
+            completed.status.state = TaskState.TASK_STATE_COMPLETED
+            await self.__wrapped__.save(completed, *args, **kwargs)
+        await self.__wrapped__.save(task, *args, **kwargs)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_cancel_with_no_run_here_answers_what_the_store_holds(kind: str) -> None:
+    """On a replica with no run, a COMPLETED landing between read and write wins, and the
+    answer says so (ours); the stock handler (1.2+) answers CANCELED over the stored COMPLETED."""
+    if kind == "stock" and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
+        pytest.skip(f"a2a-sdk {_sdk.SDK_VERSION}'s handler hangs on a task with no live run here")
+    running = make_server("ours", ScriptedExecutor(park=True), store=FinalStateTaskStore(InMemoryTaskStore()))
+    await start(running)
+    task_id = running.executor.task_id
+    replica = make_server(kind, ScriptedExecutor(), store=CompletionLandsFirst(running.store))
+    answer = await within(cancel(replica, task_id), GRACE + SLACK)
+    assert await stored(replica, task_id) == "COMPLETED"
+    if kind == "ours":
+        assert answer == "TaskNotCancelable"
+    else:
+        assert answer == "CANCELED"
