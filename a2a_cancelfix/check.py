@@ -124,18 +124,20 @@ async def wait_all_tasks_blocked(seconds: float = BOUND) -> None:
 async def eventually(condition: Callable[[], object], seconds: float = BOUND) -> None:
     """Wait until ``condition()`` (a value or an awaitable) holds, when no event announces it.
 
-    For the SDK's own state, such as what its store holds. The condition is checked each time
-    every other task has blocked (`wait_all_tasks_blocked`), and then not again until one of
-    them is woken or a timer of the loop is due. Fails fast after ``seconds``.
+    For the SDK's own state, such as what its store holds. The condition is checked at once,
+    then each time every other task has blocked (`wait_all_tasks_blocked`), and then not
+    again until one of them is woken or a timer of the loop is due. Fails fast after
+    ``seconds``.
     """
 
+    async def holds() -> bool:
+        value = condition()
+        return bool(await value) if inspect.isawaitable(value) else bool(value)
+
     async def waiting() -> None:
-        while True:
+        while not await holds():
             await _all_tasks_blocked()
-            holds = condition()
-            if inspect.isawaitable(holds):
-                holds = await holds
-            if holds:
+            if await holds():
                 return
             await _something_wakes()
 
