@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,13 +99,15 @@ class Changes:
             self._changed = None
 
     async def until(self, condition: Callable[[], object], seconds: float = BOUND) -> None:
-        """Wait until ``condition()`` holds, checked at each change; fail fast after ``seconds``."""
+        """Wait until ``condition()`` (a value or an awaitable) holds, checked at once and at
+        each change; fail fast after ``seconds``."""
 
         async def waiting() -> None:
-            while not condition():
-                if self._changed is None:
-                    self._changed = asyncio.Event()
-                await self._changed.wait()
+            while True:
+                changed = self._changed = self._changed or asyncio.Event()
+                if await _holds(condition):
+                    return
+                await changed.wait()
 
         await within(waiting(), seconds)
 
@@ -115,39 +117,20 @@ async def wait_all_tasks_blocked(seconds: float = BOUND) -> None:
 
     Then everything the code under test can do on its own has been done: what is left waits
     for a timer, a thread or the network. For checking that something did *not* happen, and
-    for state that no event announces. Fails fast after ``seconds`` if the loop never gets
-    there (a task that never blocks).
+    for what the code does asynchronously that no event announces. Fails fast after
+    ``seconds`` if the loop never gets there (a task that never blocks).
     """
     await within(_all_tasks_blocked(), seconds)
 
 
-async def eventually(condition: Callable[[], object], seconds: float = BOUND) -> None:
-    """Wait until ``condition()`` (a value or an awaitable) holds, when no event announces it.
-
-    For the SDK's own state, such as what its store holds. The condition is checked at once,
-    then each time every other task has blocked (`wait_all_tasks_blocked`), and then not
-    again until one of them is woken or a timer of the loop is due. Fails fast after
-    ``seconds``.
-    """
-
-    async def holds() -> bool:
-        value = condition()
-        return bool(await value) if inspect.isawaitable(value) else bool(value)
-
-    async def waiting() -> None:
-        while not await holds():
-            await _all_tasks_blocked()
-            if await holds():
-                return
-            await _something_wakes()
-
-    await within(waiting(), seconds)
+async def _holds(condition: Callable[[], object]) -> bool:
+    value = condition()
+    return bool(await value) if inspect.isawaitable(value) else bool(value)
 
 
 async def _all_tasks_blocked() -> None:
     while True:
-        # One turn of the loop, which also polls for I/O: other tasks run until they block.
-        # Named helpers around this are the only place the tests let the loop turn.
+        # One turn of the loop, which also polls for I/O: the other tasks run until they block.
         await asyncio.sleep(0)
         if _others_blocked():
             return
@@ -164,32 +147,6 @@ def _others_blocked() -> bool:
         if task is not this and (waiter is None or waiter.done()):
             return False
     return True
-
-
-async def _something_wakes() -> None:
-    """Wait until another task's awaited future is done, or the loop's next timer is due."""
-    loop = asyncio.get_running_loop()
-    if not _others_blocked():
-        return
-    this = asyncio.current_task()
-    woken = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    waiters = [task._fut_waiter for task in asyncio.all_tasks(loop) if task is not this]  # type: ignore[attr-defined]
-    for waiter in waiters:
-        waiter.add_done_callback(wake)
-    timers = [timer.when() for timer in getattr(loop, "_scheduled", ()) if not timer.cancelled()]
-    timer = loop.call_at(min(timers), wake) if timers else None
-    try:
-        await woken
-    finally:
-        for waiter in waiters:
-            waiter.remove_done_callback(wake)
-        if timer is not None:
-            timer.cancel()
 
 
 class NamedUser(User):
@@ -483,17 +440,44 @@ async def start(server: Server, *, owner: str = "alice", push_url: str | None = 
 
 
 async def reached_step(server: Server, owner: str = "alice") -> None:
-    """Wait until the executor is mid-step (or parked) and the store shows it."""
-    executor = server.executor
-    await within(executor.ready.wait())
-    if not executor.park:
-        await within(executor.step.reached.wait())
-    expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
+    """Wait until the executor is mid-step (or parked) and the store shows it.
 
-    async def recorded() -> bool:
-        return await stored(server, executor.task_id or "", owner) == expected
+    Call it before the request's first step runs (right after starting it): it looks at
+    GetTask after each save to the store from then on, so it returns as soon as it shows it.
+    """
+    executor, saved = server.executor, Changes()
+    with _saves_noted(server.store, saved):
+        await within(executor.ready.wait())
+        if not executor.park:
+            await within(executor.step.reached.wait())
+        expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
 
-    await eventually(recorded)
+        async def recorded() -> bool:
+            return await stored(server, executor.task_id or "", owner) == expected
+
+        await saved.until(recorded)
+
+
+@contextlib.contextmanager
+def _saves_noted(store: TaskStore, changes: Changes) -> Iterator[None]:
+    """Notify ``changes`` after each save to ``store`` while the block runs."""
+    earlier = vars(store).get("save")  # An outer block's, if any.
+    save = store.save
+
+    async def noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await save(*args, **kwargs)
+        finally:
+            changes.notify()
+
+    store.save = noted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if earlier is None:
+            del store.save
+        else:
+            store.save = earlier  # type: ignore[method-assign]
 
 
 async def cancel(server: Server, task_id: str, owner: str = "alice") -> str:

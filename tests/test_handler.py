@@ -25,7 +25,6 @@ from a2a_cancelfix.check import (
     Stream,
     caller,
     cancel,
-    eventually,
     make_server,
     message,
     reached_step,
@@ -34,7 +33,7 @@ from a2a_cancelfix.check import (
     within,
 )
 
-from .support import logged, set_within, tasks_since
+from .support import eventually, logged, set_within, tasks_since
 
 # A cancel must return within the grace period plus this.
 SLACK = 1.5

@@ -27,14 +27,13 @@ from a2a_cancelfix.check import (
     ScriptedExecutor,
     Stream,
     caller,
-    eventually,
     make_server,
     message,
     reached_step,
     state_of,
 )
 
-from .support import tasks_since
+from .support import eventually, tasks_since
 
 GRACE = 0.05
 BOUND = GRACE + 1.5

@@ -8,10 +8,10 @@ import pytest
 from a2a.server.agent_execution.active_task import ActiveTask
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.check import FleetExecutor, caller, cancel, eventually, make_server, start_fleet, within
+from a2a_cancelfix.check import FleetExecutor, caller, cancel, make_server, start_fleet, within
 from a2a_cancelfix.checkpoints import Run
 
-from .support import tasks_since
+from .support import eventually, tasks_since
 
 COUNT = 200
 ROUNDS = 3
