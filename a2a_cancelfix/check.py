@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,6 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _sdk
 from a2a_cancelfix._sdk import SDK_VERSION
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
@@ -81,6 +81,72 @@ class Gate:
 async def within(awaitable: Awaitable[Any], seconds: float = BOUND) -> Any:
     """Fail fast instead of hanging when a bug keeps something waiting forever."""
     return await asyncio.wait_for(awaitable, seconds)
+
+
+class Changes:
+    """Wakes whoever waits for a condition on something each time that something changes.
+
+    The code that changes it calls ``notify()``; a waiter re-checks its condition then, and
+    only then, instead of polling it.
+    """
+
+    def __init__(self) -> None:
+        self._changed: asyncio.Event | None = None  # Made by the first waiter: notify() is free.
+
+    def notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def until(self, condition: Callable[[], object], seconds: float = BOUND) -> None:
+        """Wait until ``condition()`` (a value or an awaitable) holds, checked at once and at
+        each change; fail fast after ``seconds``."""
+
+        async def waiting() -> None:
+            while True:
+                changed = self._changed = self._changed or asyncio.Event()
+                if await _holds(condition):
+                    return
+                await changed.wait()
+
+        await within(waiting(), seconds)
+
+
+async def wait_all_tasks_blocked(seconds: float = BOUND) -> None:
+    """Wait until every other task waits on something not yet done and no callback is due.
+
+    Then everything the code under test can do on its own has been done: what is left waits
+    for a timer, a thread or the network. For checking that something did *not* happen, and
+    for what the code does asynchronously that no event announces. Fails fast after
+    ``seconds`` if the loop never gets there (a task that never blocks).
+    """
+    await within(_all_tasks_blocked(), seconds)
+
+
+async def _holds(condition: Callable[[], object]) -> bool:
+    value = condition()
+    return bool(await value) if inspect.isawaitable(value) else bool(value)
+
+
+async def _all_tasks_blocked() -> None:
+    while True:
+        # One turn of the loop, which also polls for I/O: the other tasks run until they block.
+        await asyncio.sleep(0)
+        if _others_blocked():
+            return
+
+
+def _others_blocked() -> bool:
+    """Whether no callback is due and every other task waits on a future not yet done."""
+    loop = asyncio.get_running_loop()
+    if getattr(loop, "_ready", None):  # asyncio's own loop: callbacks due this turn or the next.
+        return False
+    this = asyncio.current_task()
+    for task in asyncio.all_tasks(loop):
+        waiter = getattr(task, "_fut_waiter", None)  # What the task awaits (None: runnable).
+        if task is not this and (waiter is None or waiter.done()):
+            return False
+    return True
 
 
 class NamedUser(User):
@@ -323,12 +389,15 @@ class Stream:
         self.events: list[Any] = []
         self.error: BaseException | None = None
         self._on_event = on_event
+        self.changes = Changes()  # At each event, and when the stream ends.
         self.task = asyncio.ensure_future(self._drain(events))
+        self.task.add_done_callback(lambda _: self.changes.notify())
 
     async def _drain(self, events: AsyncIterator[Any]) -> None:
         try:
             async for event in events:
                 self.events.append(event)
+                self.changes.notify()
                 if self._on_event is not None:
                     self._on_event(event)
         except Exception as error:  # The stream's outcome, reported by ``last``.
@@ -338,6 +407,10 @@ class Stream:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.task), seconds)
         return self.task.done()
+
+    async def until(self, condition: Callable[[], object], seconds: float = BOUND) -> None:
+        """Wait until ``condition()`` holds, checked at each event and at the stream's end."""
+        await self.changes.until(condition, seconds)
 
     @property
     def last(self) -> str:
@@ -367,18 +440,44 @@ async def start(server: Server, *, owner: str = "alice", push_url: str | None = 
 
 
 async def reached_step(server: Server, owner: str = "alice") -> None:
-    """Wait until the executor is mid-step (or parked) and the store shows it."""
-    executor = server.executor
-    await within(executor.ready.wait())
-    if not executor.park:
-        await within(executor.step.reached.wait())
-    expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
+    """Wait until the executor is mid-step (or parked) and the store shows it.
 
-    async def recorded() -> None:
-        while await stored(server, executor.task_id or "", owner) != expected:
-            await asyncio.sleep(0)
+    Call it before the request's first step runs (right after starting it): it looks at
+    GetTask after each save to the store from then on, so it returns as soon as it shows it.
+    """
+    executor, saved = server.executor, Changes()
+    with _saves_noted(server.store, saved):
+        await within(executor.ready.wait())
+        if not executor.park:
+            await within(executor.step.reached.wait())
+        expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
 
-    await within(recorded())
+        async def recorded() -> bool:
+            return await stored(server, executor.task_id or "", owner) == expected
+
+        await saved.until(recorded)
+
+
+@contextlib.contextmanager
+def _saves_noted(store: TaskStore, changes: Changes) -> Iterator[None]:
+    """Notify ``changes`` after each save to ``store`` while the block runs."""
+    earlier = vars(store).get("save")  # An outer block's, if any.
+    save = store.save
+
+    async def noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await save(*args, **kwargs)
+        finally:
+            changes.notify()
+
+    store.save = noted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if earlier is None:
+            del store.save
+        else:
+            store.save = earlier  # type: ignore[method-assign]
 
 
 async def cancel(server: Server, task_id: str, owner: str = "alice") -> str:
@@ -402,11 +501,11 @@ async def _outcome(call: Awaitable[Task | None]) -> str:
 
 
 async def _settled(server: Server, task_id: str) -> str:
-    """The stored state once the run is gone (what GetTask shows a moment later)."""
-    for _ in range(200):
-        if not await _sdk.has_run(server.handler, task_id):
-            break
-        await asyncio.sleep(0)
+    """The stored state once the cancel has run its course (what GetTask shows a moment later).
+
+    A run that closes itself is gone by then; one that a timer closes, or nothing, is not.
+    """
+    await wait_all_tasks_blocked()
     return await stored(server, task_id)
 
 
@@ -451,7 +550,7 @@ async def mid_run_subscriber(kind: str) -> str:
     await start(server)
     task_id = server.executor.task_id or ""
     subscriber = Stream(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=task_id), caller()))
-    await within(_until(lambda: bool(subscriber.events) or subscriber.task.done()))
+    await subscriber.until(lambda: bool(subscriber.events) or subscriber.task.done())
     canceller = asyncio.ensure_future(cancel(server, task_id))
     ended = await subscriber.ended()
     canceller.cancel()
@@ -547,7 +646,7 @@ async def foreign_cancel(kind: str) -> str:
     await start(server)
     task_id = server.executor.task_id or ""
     returned = await cancel(server, task_id, owner="mallory")
-    await _settled_briefly()
+    await wait_all_tasks_blocked()  # A stock cancel kills the run asynchronously.
     owner_view = await stored(server, task_id)
     run = "run killed" if server.executor.stopped.is_set() else "run untouched"
     return f"{returned}, owner sees {owner_view}, {run}"
@@ -558,7 +657,7 @@ async def foreign_subscribe(kind: str) -> str:
     await start(server)
     task_id = server.executor.task_id or ""
     spy = Stream(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=task_id), caller("mallory")))
-    await within(_until(lambda: bool(spy.events) or spy.task.done()))
+    await spy.until(lambda: bool(spy.events) or spy.task.done())
     spy.task.cancel()
     return f"got {spy.last}"
 
@@ -585,7 +684,7 @@ async def caller_disconnects(kind: str) -> str:
     request.cancel()  # The client went away while its cancel was in flight.
     with contextlib.suppress(asyncio.CancelledError):
         await request
-    await within(_until(lambda: server.executor.stopped.is_set()))
+    await within(server.executor.stopped.wait())
     return f"task ends {await _settled(server, task_id)}"
 
 
@@ -595,18 +694,6 @@ async def concurrent_cancels(kind: str) -> str:
     task_id = server.executor.task_id or ""
     results = await asyncio.gather(cancel(server, task_id), cancel(server, task_id))
     return " and ".join(results)
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    """Let the loop run until ``condition`` holds (bound it with ``within``)."""
-    while not condition():
-        await asyncio.sleep(0)
-
-
-async def _settled_briefly() -> None:
-    """Let already-scheduled callbacks run (a stock cancel kills the run asynchronously)."""
-    for _ in range(50):
-        await asyncio.sleep(0)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from a2a_cancelfix import (
     shielded,
 )
 from a2a_cancelfix.check import (
+    BOUND,
     GRACE,
     Gate,
     ScriptedExecutor,
@@ -32,6 +33,7 @@ from a2a_cancelfix.check import (
     make_server,
     start,
     stored,
+    wait_all_tasks_blocked,
     within,
 )
 
@@ -180,11 +182,13 @@ def run_context() -> RequestContext:
 
 
 class ReportingExecutor(AgentExecutor):
-    """Reports progress forever and never checks for cancellation itself."""
+    """Reports progress, one report each time the test lets it go on, and never checks for
+    cancellation itself."""
 
     def __init__(self) -> None:
         self.reports = 0
         self.first_report = asyncio.Event()
+        self.go_on = asyncio.Event()
         self.errors: list[BaseException] = []
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -194,7 +198,8 @@ class ReportingExecutor(AgentExecutor):
                 await updater.update_status(TaskState.TASK_STATE_WORKING)
                 self.reports += 1
                 self.first_report.set()
-                await asyncio.sleep(0)
+                await self.go_on.wait()
+                self.go_on.clear()
         except BaseException as error:
             self.errors.append(error)
             raise
@@ -211,6 +216,7 @@ async def test_every_enqueue_is_a_checkpoint() -> None:
     running = asyncio.ensure_future(executor.execute(run_context(), queue))
     await within(inner.first_report.wait())
     await within(executor.cancel(run_context(), queue))
+    inner.go_on.set()  # Its next report; a queue that is no checkpoint lets it wait for another.
     await within(running)
     (error,) = inner.errors
     assert isinstance(error, RunCancelled) and isinstance(error, asyncio.CancelledError)
@@ -225,8 +231,7 @@ class StubbornExecutor(ReportingExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         self.first_report.set()
-        while not cancel_requested():
-            await asyncio.sleep(0)
+        await self.go_on.wait()  # Until the cancel is in.
         try:
             await checkpoint()
         except asyncio.CancelledError as first:
@@ -243,6 +248,7 @@ async def test_checkpoints_are_level_triggered() -> None:
     running = asyncio.ensure_future(executor.execute(run_context(), queue))
     await within(inner.first_report.wait())
     await within(executor.cancel(run_context(), queue))
+    inner.go_on.set()
     await within(running)
     assert len(inner.errors) == 1 and inner.reports == 0
 
@@ -290,8 +296,7 @@ async def test_shielded_write_finishes_before_the_claim_is_released(kind: str) -
     await within(executor.write.reached.wait())
     cancelling = asyncio.ensure_future(cancel(server, executor.task_id))
     await within(executor.cancel_called.wait())
-    for _ in range(100):  # Give a wrong implementation every chance to interrupt the write.
-        await asyncio.sleep(0)
+    await wait_all_tasks_blocked()  # Give a wrong implementation every chance to interrupt the write.
     assert executor.log[-1] == "write started"
     assert not cancelling.done()
     assert await stored(server, executor.task_id) == "WORKING"
@@ -319,6 +324,7 @@ class ThreadedExecutor(ScriptedExecutor):
         super().__init__()
         self.thread_started = threading.Event()
         self.proceed = threading.Event()
+        self.thread_reported = threading.Event()
         self.thread_saw: list[object] = []
 
     async def _work_step(self) -> None:
@@ -328,11 +334,13 @@ class ThreadedExecutor(ScriptedExecutor):
     def _chunks(self) -> None:
         self.thread_started.set()
         self.proceed.wait(timeout=5)
-        self.thread_saw.append(cancel_requested())
         try:
+            self.thread_saw.append(cancel_requested())
             checkpoint()
         except RunCancelled as error:
             self.thread_saw.append(error)
+        finally:
+            self.thread_reported.set()
 
 
 @pytest.mark.asyncio
@@ -344,13 +352,8 @@ async def test_checkpoints_reach_threads_started_by_the_run() -> None:
     await within(asyncio.to_thread(executor.thread_started.wait, 5))
     assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
     executor.proceed.set()
-    await within(_until_thread_reported(executor))
+    assert await within(asyncio.to_thread(executor.thread_reported.wait, BOUND), BOUND + 1)
     assert executor.thread_saw[0] is True and isinstance(executor.thread_saw[1], RunCancelled)
-
-
-async def _until_thread_reported(executor: ThreadedExecutor) -> None:
-    while len(executor.thread_saw) < 2:
-        await asyncio.sleep(0)
 
 
 def test_public_names_are_few_and_sorted() -> None:

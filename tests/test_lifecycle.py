@@ -36,6 +36,8 @@ from a2a_cancelfix.check import (
 )
 from a2a_cancelfix.lifecycle import MARGIN
 
+from .support import eventually
+
 SLACK = 1.5
 
 
@@ -271,8 +273,6 @@ async def test_a_store_failing_mid_cancel_is_an_a2a_error_and_nothing_is_kept() 
 
 
 async def _run_gone(server, task_id: str) -> None:
-    from a2a_cancelfix.check import eventually
-
     async def gone() -> bool:
         return not await _sdk.has_run(server.handler, task_id)
 

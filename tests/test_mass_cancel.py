@@ -11,6 +11,8 @@ from a2a_cancelfix import _sdk
 from a2a_cancelfix.check import FleetExecutor, caller, cancel, make_server, start_fleet, within
 from a2a_cancelfix.checkpoints import Run
 
+from .support import eventually, tasks_since
+
 COUNT = 200
 ROUNDS = 3
 
@@ -36,13 +38,12 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
         runs_before = _live(ActiveTask)
         baseline_tasks = asyncio.all_tasks()
 
-        async def drained() -> None:
-            while _sdk.run_count(server.handler) or asyncio.all_tasks() - baseline_tasks - {asyncio.current_task()}:
-                await asyncio.sleep(0)
+        def drained() -> bool:
+            return not _sdk.run_count(server.handler) and not tasks_since(baseline_tasks)
 
         for _ in range(ROUNDS):
             assert await _round(server, COUNT) == {"CANCELED"}
-            await within(drained(), 10)
+            await eventually(drained, 10)
             await _forget_stored_tasks(server)
         gc.collect()
         after = tracemalloc.take_snapshot().filter_traces(LOOP_TABLES)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -17,13 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 from a2a.server.tasks import DatabaseTaskStore
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .support import uvicorn_serving
 from .test_store import open_database
 
 SERVER = Path(__file__).parent / "replica_server.py"
@@ -56,7 +57,7 @@ class Replica:
             await asyncio.wait_for(self.process.wait(), 10)
         except asyncio.TimeoutError:
             self.process.kill()
-            await self.process.wait()
+            await asyncio.wait_for(self.process.wait(), 10)
 
 
 class PushReceiver:
@@ -78,16 +79,21 @@ class PushReceiver:
 @pytest_asyncio.fixture(params=["sqlite", "postgresql"])
 async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, str | None]]:
     async with open_database(request.param, tmp_path) as opened:
-        await DatabaseTaskStore(opened.engine()).initialize()  # One table, before replicas race to make it.
+        # One table, before replicas race to make it.
+        await asyncio.wait_for(DatabaseTaskStore(opened.engine()).initialize(), BOUND)
         schema = opened.connect_args.get("server_settings", {}).get("search_path")
         yield opened.url, schema
 
 
 @contextlib.asynccontextmanager
 async def replicas(database: tuple[str, str | None], count: int) -> AsyncIterator[list[Replica]]:
-    started = await asyncio.gather(*(Replica.start(*database) for _ in range(count)))
+    outcomes = await asyncio.gather(*(Replica.start(*database) for _ in range(count)), return_exceptions=True)
+    started = [outcome for outcome in outcomes if isinstance(outcome, Replica)]
     try:
-        yield list(started)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome  # After stopping those that did start.
+        yield started
     finally:
         await asyncio.gather(*(replica.stop() for replica in started))
 
@@ -96,16 +102,10 @@ async def replicas(database: tuple[str, str | None], count: int) -> AsyncIterato
 async def push_receiver() -> AsyncIterator[tuple[PushReceiver, str]]:
     receiver = PushReceiver()
     app = Starlette(routes=[Route("/push", receiver.receive, methods=["POST"])])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    serving = asyncio.ensure_future(server.serve())
-    try:
-        while not server.started:
-            await asyncio.sleep(0)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield receiver, f"http://127.0.0.1:{port}/push"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, 10)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    async with uvicorn_serving(app, listener, shutdown_seconds=10, log_level="warning"):
+        yield receiver, f"http://127.0.0.1:{listener.getsockname()[1]}/push"
 
 
 class Stream:
@@ -141,7 +141,7 @@ class Stream:
 
 
 async def rest(client: httpx.AsyncClient, method: str, url: str) -> tuple[int, dict]:
-    response = await client.request(method, url, headers=HEADERS)
+    response = await asyncio.wait_for(client.request(method, url, headers=HEADERS), BOUND)
     return response.status_code, response.json()
 
 
@@ -161,9 +161,9 @@ async def test_cancel_through_another_replica_reaches_the_running_one(database) 
             for replica in (a, b, c):
                 status, task = await rest(client, "GET", f"{replica.url}/rest/tasks/{stream.task_id}")
                 assert status == 200 and task["status"]["state"] == "TASK_STATE_CANCELED"
-            debug = (await client.get(f"{a.url}/debug")).json()
+            _, debug = await rest(client, "GET", f"{a.url}/debug")
             assert stream.task_id in debug["cancelled"] and stream.task_id in debug["stopped"]
-            assert (await client.get(f"{b.url}/debug")).json() == {"cancelled": [], "stopped": []}
+            assert (await rest(client, "GET", f"{b.url}/debug"))[1] == {"cancelled": [], "stopped": []}
 
 
 @pytest.mark.asyncio

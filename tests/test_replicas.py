@@ -13,7 +13,12 @@ from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
 
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
-from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start, stored, within
+from a2a_cancelfix.check import Changes, ScriptedExecutor, cancel, make_server, start, stored, within
+
+SLICE = 0.001
+"""Seconds of work between two checkpoints."""
+CHECKPOINTS = 100
+"""How many checkpoints a run passes, at least a tenth of a second, to show it does not poll."""
 
 
 class PollingExecutor(ScriptedExecutor):
@@ -22,13 +27,20 @@ class PollingExecutor(ScriptedExecutor):
     def __init__(self) -> None:
         super().__init__()
         self.checkpoints = 0
+        self.progress = Changes()  # At each checkpoint passed.
 
     async def _work_step(self) -> None:
         self.step.reached.set()
         while not self.released.is_set():
             await checkpoint()
             self.checkpoints += 1
-            await asyncio.sleep(0)
+            self.progress.notify()
+            await asyncio.sleep(SLICE)  # Stands in for a slice of real work.
+
+    async def passed(self, count: int) -> None:
+        """Wait until the run has passed ``count`` more checkpoints."""
+        target = self.checkpoints + count
+        await self.progress.until(lambda: self.checkpoints >= target)
 
 
 def replicas(executor: ScriptedExecutor, **options):
@@ -73,8 +85,7 @@ async def test_polling_can_be_turned_off() -> None:
     await start(a)
     task_id = a.executor.task_id
     assert await within(cancel(b, task_id)) == "CANCELED"
-    seen = a.executor.checkpoints
-    await within(_until(lambda: a.executor.checkpoints > seen + 1000))
+    await a.executor.passed(CHECKPOINTS)
     assert not a.executor.stopped.is_set() and not a.executor.cancel_called.is_set()
     assert await within(cancel(a, task_id)) == "TaskNotCancelable"  # Already CANCELED in the store.
     a.executor.released.set()
@@ -94,28 +105,26 @@ async def test_no_poll_before_the_interval_is_due() -> None:
 
     a.handler.agent_executor.cancel_lifecycle.read_stored = counted
     await start(a)
-    seen = a.executor.checkpoints
-    await within(_until(lambda: a.executor.checkpoints > seen + 1000))
+    await a.executor.passed(CHECKPOINTS)
     assert reads == 0
     assert await within(cancel(a, a.executor.task_id)) == "CANCELED"
-
-
-async def _until(condition) -> None:
-    while not condition():
-        await asyncio.sleep(0)
 
 
 @pytest.mark.asyncio
 async def test_a_store_that_fails_to_answer_does_not_fail_the_run(caplog) -> None:
     """A failed read while watching is logged; the run goes on and can still be cancelled."""
     a, _ = replicas(PollingExecutor(), replica_poll_interval=0.001)
+    looks, looked = 0, Changes()
 
     async def broken(context: RequestContext):
+        nonlocal looks
+        looks += 1
+        looked.notify()
         raise OSError("database unreachable")
 
     a.handler.agent_executor.cancel_lifecycle.read_stored = broken
     await start(a)
-    failed = lambda: sum("could not read task" in r.getMessage() for r in caplog.records)  # noqa: E731
-    await within(_until(lambda: failed() >= 2))  # It looked, failed, and looked again.
+    await looked.until(lambda: looks >= 2)  # It looked, failed, and looked again ...
+    assert sum("could not read task" in r.getMessage() for r in caplog.records) >= 2  # ... logging each.
     assert not a.executor.stopped.is_set()
     assert await within(cancel(a, a.executor.task_id)) == "CANCELED"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from a2a.client import Client
@@ -15,16 +15,6 @@ from a2a_cancelfix.check import BOUND, ScriptedExecutor, Stream, message, within
 
 from .clients import connect, payloads
 from .servers import Agent, PushReceiver, serve_agent, serve_push_receiver
-
-
-async def until(condition: Callable[[], Any]) -> None:
-    """Let the loop run until ``condition`` holds; fail fast if it never does."""
-
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0)
-
-    await within(poll())
 
 
 class Wire:
@@ -72,13 +62,13 @@ class Wire:
         executor = agent.executor
         await within(executor.ready.wait() if executor.park else executor.step.reached.wait())
         # The SDK stores each event before it streams it: seen here, GetTask shows it too.
-        await until(lambda: stream.last == ("INPUT_REQUIRED" if executor.park else "WORKING"))
+        await stream.until(lambda: stream.last == ("INPUT_REQUIRED" if executor.park else "WORKING"))
         return stream, executor.task_id or ""
 
     async def aclose(self) -> None:
         for stream in self._streams:  # Streams first: an open stream delays server shutdown.
             stream.task.cancel()
-        await asyncio.gather(*(stream.task for stream in self._streams), return_exceptions=True)
+        await within(asyncio.gather(*(stream.task for stream in self._streams), return_exceptions=True))
         for executor in self._executors:  # Let any run still held at a gate finish.
             executor.step.open()
             executor.cancel_gate.open()

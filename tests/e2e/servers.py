@@ -36,9 +36,12 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from a2a_cancelfix import DefaultRequestHandler
-from a2a_cancelfix.check import ScriptedExecutor, within
+from a2a_cancelfix.check import Changes, ScriptedExecutor
+
+from ..support import uvicorn_serving
 
 TRANSPORTS = ("jsonrpc", "rest", "grpc")
 BINDINGS = {
@@ -63,6 +66,8 @@ class Agent:
     callers: Callable[[], frozenset[Any]]
     """What the server holds for its callers right now: open HTTP connections (uvicorn), or
     CancelTask calls in progress (gRPC). A caller that went away drops out of it."""
+    callers_changed: Changes
+    """Notified each time a caller drops out of ``callers``."""
 
 
 class BearerNames(AuthenticationBackend):
@@ -139,8 +144,8 @@ async def serve_agent(
             if transport == "grpc"
             else serve_http(listener, transport, handler, card)
         )
-        async with serving as callers:
-            yield Agent(transport, url, card, executor, callers)
+        async with serving as (callers, callers_changed):
+            yield Agent(transport, url, card, executor, callers, callers_changed)
 
 
 def free_socket() -> socket.socket:
@@ -152,7 +157,7 @@ def free_socket() -> socket.socket:
 @contextlib.asynccontextmanager
 async def serve_http(
     listener: socket.socket, transport: str, handler: DefaultRequestHandlerV2, card: AgentCard
-) -> AsyncIterator[Callable[[], frozenset[Any]]]:
+) -> AsyncIterator[tuple[Callable[[], frozenset[Any]], Changes]]:
     routes = (
         create_jsonrpc_routes(handler, "/")
         if transport == "jsonrpc"
@@ -162,8 +167,17 @@ async def serve_http(
         routes=[*create_agent_card_routes(card), *routes],
         middleware=[Middleware(AuthenticationMiddleware, backend=BearerNames())],
     )
-    async with uvicorn_server(app, listener) as server:
-        yield lambda: frozenset(server.server_state.connections)
+    changes = Changes()
+
+    class Connection(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        """uvicorn's HTTP protocol, telling ``changes`` when its connection is gone."""
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            changes.notify()
+
+    async with uvicorn_server(app, listener, http=Connection) as server:
+        yield (lambda: frozenset(server.server_state.connections)), changes
 
 
 class TrackedGrpcHandler(GrpcHandler):
@@ -172,6 +186,7 @@ class TrackedGrpcHandler(GrpcHandler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cancels_in_progress: set[Any] = set()
+        self.changes = Changes()
 
     async def CancelTask(  # noqa: N802 (the gRPC method's name)
         self, request: Any, context: grpc.aio.ServicerContext
@@ -181,46 +196,35 @@ class TrackedGrpcHandler(GrpcHandler):
             return await super().CancelTask(request, context)
         finally:
             self.cancels_in_progress.discard(context)
+            self.changes.notify()
 
 
 @contextlib.asynccontextmanager
 async def serve_grpc(
     server: grpc.aio.Server, handler: DefaultRequestHandlerV2
-) -> AsyncIterator[Callable[[], frozenset[Any]]]:
+) -> AsyncIterator[tuple[Callable[[], frozenset[Any]], Changes]]:
     servicer = TrackedGrpcHandler(handler)
     a2a_pb2_grpc.add_A2AServiceServicer_to_server(servicer, server)
     await server.start()
     try:
-        yield lambda: frozenset(servicer.cancels_in_progress)
+        yield (lambda: frozenset(servicer.cancels_in_progress)), servicer.changes
     finally:
         await server.stop(None)
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_server(app: Any, listener: socket.socket) -> AsyncIterator[uvicorn.Server]:
+async def uvicorn_server(app: Any, listener: socket.socket, **options: Any) -> AsyncIterator[uvicorn.Server]:
     """Serve ``app`` on ``listener`` (a bound socket) until the block exits."""
-    config = uvicorn.Config(
+    async with uvicorn_serving(
         app,
+        listener,
+        shutdown_seconds=5,
         log_level="warning",
         log_config=None,  # Leave the test run's logging configuration alone.
-        lifespan="off",
         timeout_graceful_shutdown=2,  # Bounds teardown if a stream was left open.
-    )
-    server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve(sockets=[listener]))
-
-    async def started() -> None:
-        while not server.started and not serving.done():
-            await asyncio.sleep(0)
-
-    try:
-        await within(started())
-        if serving.done():
-            serving.result()  # Startup failed: raise its error here.
+        **options,
+    ) as server:
         yield server
-    finally:
-        server.should_exit = True
-        await within(serving, 5)
 
 
 @dataclass

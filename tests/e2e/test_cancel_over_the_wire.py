@@ -4,7 +4,6 @@ JSON-RPC, REST (HTTP+JSON) and gRPC; each test runs once per transport."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 from a2a.types import (
@@ -17,10 +16,10 @@ from a2a.types import (
 )
 
 from a2a_cancelfix._sdk import SDK_VERSION
-from a2a_cancelfix.check import ScriptedExecutor, Stream, state_of, within
+from a2a_cancelfix.check import ScriptedExecutor, Stream, state_of, wait_all_tasks_blocked, within
 
 from .clients import raw_cancel
-from .harness import Wire, until
+from .harness import Wire
 
 NOT_FOUND = {"jsonrpc": "-32001", "rest": "404", "grpc": "NOT_FOUND"}
 NOT_CANCELABLE = {
@@ -42,12 +41,6 @@ async def ending(stream: Stream) -> str:
     return f"{type(last).__name__} {state_of(last)}"
 
 
-async def settle() -> None:
-    """Let whatever a request set off run its course (bounded; nothing here waits on I/O)."""
-    for _ in range(100):
-        await asyncio.sleep(0)
-
-
 @pytest.mark.asyncio
 async def test_cancel_ends_every_stream_on_canceled(wire: Wire) -> None:
     """A cancel from a second client ends the sender's stream and an earlier SubscribeToTask
@@ -56,7 +49,7 @@ async def test_cancel_ends_every_stream_on_canceled(wire: Wire) -> None:
     sender, other = await wire.connect(agent), await wire.connect(agent)
     stream, task_id = await wire.start(sender, agent)
     subscriber = wire.watch(other.subscribe(SubscribeToTaskRequest(id=task_id)))
-    await until(lambda: subscriber.events)
+    await subscriber.until(lambda: subscriber.events)
 
     canceled = await within(other.cancel_task(CancelTaskRequest(id=task_id)))
 
@@ -74,7 +67,7 @@ async def test_stock_handler_leaves_streams_on_working(wire: Wire) -> None:
     sender, other = await wire.connect(agent), await wire.connect(agent)
     stream, task_id = await wire.start(sender, agent)
     subscriber = wire.watch(other.subscribe(SubscribeToTaskRequest(id=task_id)))
-    await until(lambda: subscriber.events)
+    await subscriber.until(lambda: subscriber.events)
 
     returned = await within(other.cancel_task(CancelTaskRequest(id=task_id)))
 
@@ -138,7 +131,7 @@ async def test_another_user_can_neither_cancel_nor_watch_the_task(wire: Wire) ->
     assert await within(intruding) == NOT_FOUND[wire.transport]
     spy = wire.watch(intruder.subscribe(SubscribeToTaskRequest(id=task_id)))
     assert await ending(spy) == "TaskNotFoundError"
-    await settle()
+    await wait_all_tasks_blocked()  # Whatever the intruder's requests set off has run its course.
     assert not stream.task.done() and stream.last == "WORKING"
     assert not agent.executor.cancel_called.is_set() and not agent.executor.stopped.is_set()
 
@@ -180,11 +173,10 @@ async def test_a_caller_that_leaves_mid_cancel_does_not_stop_it(wire: Wire) -> N
 
     # The caller goes away: its HTTP connection is closed, or its gRPC call cancelled...
     request.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await request
+    await within(asyncio.wait({request}))
     # ...and the server has noticed: uvicorn dropped the connection (the handler runs on: an
     # HTTP disconnect does not cancel it), or gRPC cancelled the servicer's CancelTask.
-    await until(lambda: not agent.callers() & caller)
+    await agent.callers_changed.until(lambda: not agent.callers() & caller)
     agent.executor.cancel_gate.open()
 
     assert await ending(stream) == "TaskStatusUpdateEvent CANCELED"
