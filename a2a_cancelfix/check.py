@@ -33,6 +33,7 @@ from a2a.server.tasks import (
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
+    Artifact,
     CancelTaskRequest,
     GetTaskRequest,
     Message,
@@ -43,12 +44,14 @@ from a2a.types import (
     SubscribeToTaskRequest,
     Task,
     TaskPushNotificationConfig,
+    TaskArtifactUpdateEvent,
     TaskState,
     TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix._sdk import SDK_VERSION
+from a2a_cancelfix.checkpoints import shielded
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 
@@ -177,10 +180,21 @@ class ScriptedExecutor(AgentExecutor):
             I/O, then publishes CANCELED), "gate" (waits at ``cancel_gate``, then publishes),
             "raise" or "hang".
         swallow: ``execute()`` swallows ``CancelledError`` and keeps running until released.
+        shield: the step runs in a ``shielded()`` section.
+        burst: how many artifact updates (streamed tokens) it enqueues before the step.
     """
 
-    def __init__(self, *, park: bool = False, cancel: str = "empty", swallow: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        park: bool = False,
+        cancel: str = "empty",
+        swallow: bool = False,
+        shield: bool = False,
+        burst: int = 0,
+    ) -> None:
         self.park, self.cancel_mode, self.swallow = park, cancel, swallow
+        self.shield, self.burst = shield, burst
         self.task_id: str | None = None
         self.step = Gate()
         self.ready = asyncio.Event()
@@ -211,8 +225,14 @@ class ScriptedExecutor(AgentExecutor):
                 await updater.requires_input()
                 self.ready.set()
                 return
+            for token in range(self.burst):
+                await event_queue.enqueue_event(_token(context, token))
             self.ready.set()
-            await self._work_step()
+            if self.shield:
+                async with shielded():
+                    await self._work_step()
+            else:
+                await self._work_step()
             await updater.complete()
             self.completed.set()
         finally:
@@ -242,6 +262,16 @@ class ScriptedExecutor(AgentExecutor):
         if mode in ("publish", "io", "gate"):
             await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
         self.cancel_returned.set()
+
+
+def _token(context: RequestContext, index: int) -> TaskArtifactUpdateEvent:
+    """One streamed token of the answer."""
+    return TaskArtifactUpdateEvent(
+        task_id=context.task_id or "",
+        context_id=context.context_id or "",
+        artifact=Artifact(artifact_id="answer", parts=[Part(text=f"token {index} ")]),
+        append=index > 0,
+    )
 
 
 class FleetExecutor(AgentExecutor):

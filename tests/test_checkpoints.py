@@ -189,6 +189,7 @@ class ReportingExecutor(AgentExecutor):
         self.reports = 0
         self.first_report = asyncio.Event()
         self.go_on = asyncio.Event()
+        self.ended = asyncio.Event()
         self.errors: list[BaseException] = []
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -203,9 +204,13 @@ class ReportingExecutor(AgentExecutor):
         except BaseException as error:
             self.errors.append(error)
             raise
+        finally:
+            self.ended.set()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        return None
+        """Let the work go on to its next report while the cancel is in, and wait for its end."""
+        self.go_on.set()
+        await self.ended.wait()
 
 
 @pytest.mark.asyncio
@@ -216,7 +221,6 @@ async def test_every_enqueue_is_a_checkpoint() -> None:
     running = asyncio.ensure_future(executor.execute(run_context(), queue))
     await within(inner.first_report.wait())
     await within(executor.cancel(run_context(), queue))
-    inner.go_on.set()  # Its next report; a queue that is no checkpoint lets it wait for another.
     await within(running)
     (error,) = inner.errors
     assert isinstance(error, RunCancelled) and isinstance(error, asyncio.CancelledError)
@@ -231,13 +235,16 @@ class StubbornExecutor(ReportingExecutor):
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         self.first_report.set()
-        await self.go_on.wait()  # Until the cancel is in.
         try:
-            await checkpoint()
-        except asyncio.CancelledError as first:
-            self.errors.append(first)
-        await checkpoint()  # Level-triggered: raises again.
-        self.reports += 1
+            await self.go_on.wait()  # Until the cancel is in.
+            try:
+                await checkpoint()
+            except asyncio.CancelledError as first:
+                self.errors.append(first)
+            await checkpoint()  # Level-triggered: raises again.
+            self.reports += 1
+        finally:
+            self.ended.set()
 
 
 @pytest.mark.asyncio
@@ -248,7 +255,6 @@ async def test_checkpoints_are_level_triggered() -> None:
     running = asyncio.ensure_future(executor.execute(run_context(), queue))
     await within(inner.first_report.wait())
     await within(executor.cancel(run_context(), queue))
-    inner.go_on.set()
     await within(running)
     assert len(inner.errors) == 1 and inner.reports == 0
 

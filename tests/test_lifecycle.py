@@ -189,6 +189,11 @@ class ReportAgent(ScriptedExecutor):
         async with self.claim():
             await self.orchestrate()
 
+    async def cancel(self, context, event_queue) -> None:
+        self.cancel_called.set()
+        await self.cancel_gate()  # Its own I/O; it leaves CANCELED to the framework.
+        self.cancel_returned.set()
+
     @cancellable
     async def orchestrate(self) -> None:
         call = asyncio.get_running_loop().create_future()
