@@ -77,8 +77,14 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         """Run the wrapped ``execute()`` inside a cancellation scope."""
         lifecycle = self._self_lifecycle
         task_id = context.task_id or ""
-        if task_id in lifecycle.cancellations or has_ended(event_queue, context):
-            return  # The task was cancelled or ended before this request's run began.
+        cancellation = lifecycle.cancellations.get(task_id)
+        if cancellation is not None:
+            # Nothing to run for a task being cancelled; but returning ends this request in
+            # the SDK, and with it its sender's wait and its stream: CANCELED first.
+            await wait_set(cancellation.done, cancellation.deadline + MARGIN)
+            return
+        if has_ended(event_queue, context):
+            return  # The task ended before this request's run began.
         watch = self._self_watcher(context, event_queue) if lifecycle.read_stored else None
         work = Work(Run(task_id, watch, lifecycle.poll_interval))
         lifecycle.works[task_id] = work
