@@ -30,12 +30,14 @@ from a2a_cancelfix.check import (
     make_server,
     message,
     start,
+    state_of,
     stored,
     wait_all_tasks_blocked,
     within,
 )
 from a2a_cancelfix.lifecycle import MARGIN
 
+from .expected import column
 from .support import eventually
 
 SLACK = 1.5
@@ -313,3 +315,38 @@ async def test_a_cancel_with_no_run_here_answers_what_the_store_holds(kind: str)
         assert answer == "TaskNotCancelable"
     else:
         assert answer == "CANCELED"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_follow_up_racing_a_cancel_sees_canceled(kind: str) -> None:
+    """A follow-up message to a parked task, then at once a cancel whose cancel() awaits I/O:
+    the follow-up's blocking sender gets CANCELED and its stream ends on CANCELED (ours);
+    the stock handler up to a2a-sdk 1.1.3 answers all three with a task that is not canceled."""
+    server = make_server(kind, ScriptedExecutor(park=True, cancel="gate"))
+    parked = await start(server)
+    assert await parked.ended() and parked.last == "INPUT_REQUIRED"
+    task_id, context_id = server.executor.task_id, parked.events[0].context_id
+
+    def follow_up() -> SendMessageRequest:
+        more = message("more", task_id=task_id)
+        more.context_id = context_id
+        return SendMessageRequest(message=more)
+
+    async def send() -> str | None:
+        # The state as answered: the SDK may hand out an object that later changes in place.
+        return state_of(await server.handler.on_message_send(follow_up(), caller()))
+
+    stream = Stream(server.handler.on_message_send_stream(follow_up(), caller()))
+    sender = asyncio.ensure_future(send())
+    cancelling = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_gate.reached.wait())
+    await wait_all_tasks_blocked()
+    server.executor.cancel_gate.open()  # Its I/O is done.
+    answer = await within(cancelling, GRACE + SLACK)
+    assert await stream.ended()
+    outcomes = (answer, await within(sender), stream.last)
+    if kind == "ours" or column() >= 2:  # a2a-sdk 1.1.4+ awaits cancel() before the teardown.
+        assert outcomes == ("CANCELED", "CANCELED", "CANCELED")
+    else:
+        assert "CANCELED" not in outcomes
