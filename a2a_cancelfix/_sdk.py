@@ -7,6 +7,7 @@ editing this module only.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.metadata
 import inspect
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.request_handlers import DefaultRequestHandlerV2
-from a2a.types import Task, TaskState
+from a2a.types import Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 
 from a2a_cancelfix._aio import deadline_in, keep, wait_done, wait_set
 
@@ -181,6 +182,50 @@ async def read_task(
 def agent_queue(active: ActiveTask) -> EventQueue:
     """The run's event queue; what goes in is saved, streamed and pushed by the SDK."""
     return active._event_queue_agent  # 1.0.0-1.3.0
+
+
+def drop_backlog(queue: EventQueue) -> dict[str, int]:
+    """Take out of a run's event queue the updates that a cancel makes moot; count them by type.
+
+    Moot: artifact updates and non-terminal status updates that the SDK's consumer has not
+    taken yet. It saves them one by one, so a backlog (token streaming ahead of a slow
+    store) would hold CANCELED back past the cancel's bound. What else is queued stays, in
+    order: the task, the SDK's request markers, errors. Nothing is dropped once a terminal
+    state is queued: that run has ended, its output is not moot. Out of reach: the event the
+    consumer is saving, and one that the dispatcher is handing on. Synchronous, so nothing
+    is enqueued or taken meanwhile; each queue's own methods keep its count for ``join()``.
+    """
+    # EventQueueSource: enqueue_event() puts into _incoming_queue, a dispatcher task moves
+    # each event on to _default_sink's queue, which the consumer reads: 1.0.0-1.3.0.
+    incoming = getattr(queue, "_incoming_queue", None)
+    if incoming is None or getattr(queue, "_is_closed", True):  # closing: its teardown's
+        return {}
+    held = [incoming]
+    sink = getattr(queue, "_default_sink", None)
+    if sink is not None and not getattr(sink, "_is_closed", True):  # EventQueueSink: 1.0.0-1.3.0
+        held.insert(0, sink.queue)  # the older events
+    taken = [[q.get_nowait() for _ in range(q.qsize())] for q in held]
+    ended = any(_ends_task(event) for events in taken for event in events)
+    dropped: collections.Counter[str] = collections.Counter()
+    for q, events in zip(held, taken):
+        for event in events:
+            if not ended and _is_moot(event):
+                dropped[type(event).__name__] += 1
+            else:
+                q.put_nowait(event)
+        for _ in events:
+            q.task_done()
+    return dict(dropped)
+
+
+def _is_moot(event: object) -> bool:
+    if isinstance(event, TaskArtifactUpdateEvent):
+        return True
+    return isinstance(event, TaskStatusUpdateEvent) and event.status.state not in TERMINAL_STATES
+
+
+def _ends_task(event: object) -> bool:
+    return isinstance(event, (Task, TaskStatusUpdateEvent)) and event.status.state in TERMINAL_STATES
 
 
 async def wait_finished(active: ActiveTask, deadline: float) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
+import time
 
 import pytest
 import wrapt
@@ -350,3 +352,28 @@ async def test_a_follow_up_racing_a_cancel_sees_canceled(kind: str) -> None:
         assert outcomes == ("CANCELED", "CANCELED", "CANCELED")
     else:
         assert "CANCELED" not in outcomes
+
+
+class SlowStore(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A task store whose every save takes a few milliseconds of I/O, as a remote database's."""
+
+    async def save(self, *args, **kwargs) -> None:
+        await asyncio.to_thread(time.sleep, 0.005)
+        await self.__wrapped__.save(*args, **kwargs)
+
+
+@pytest.mark.asyncio
+async def test_a_backlog_of_tokens_neither_delays_nor_truncates_the_cancel(caplog) -> None:
+    """Hundreds of streamed tokens queued ahead of a slow store: the cancel answers in time,
+    every stream ends on CANCELED, and what was dropped is counted in the log."""
+    server = make_server("ours", ScriptedExecutor(burst=400), store=SlowStore(InMemoryTaskStore()))
+    stream = await start(server)
+    task_id = server.executor.task_id
+    subscriber = Stream(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=task_id), caller()))
+    with caplog.at_level(logging.INFO, logger="a2a_cancelfix"):
+        assert await within(cancel(server, task_id), GRACE + SLACK) == "CANCELED"
+    assert await stream.ended() and stream.last == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    assert await stored(server, task_id) == "CANCELED"
+    dropped = [r.getMessage() for r in caplog.records if "dropped=" in r.getMessage()]
+    assert len(dropped) == 1 and "TaskArtifactUpdateEvent=" in dropped[0]
