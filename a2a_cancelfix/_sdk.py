@@ -61,6 +61,14 @@ except ImportError:  # pragma: no cover - a future release
         return method
 
 
+try:  # The check validate_request_params makes: 1.0.0-1.3.0
+    from a2a.utils.proto_utils import validate_proto_required_fields as check_required_fields
+except ImportError:  # pragma: no cover - a future release
+
+    def check_required_fields(params: Any) -> None:  # type: ignore[misc]
+        return None
+
+
 def validate_streaming(method: Any) -> Any:
     """Refuse a stream when the agent card says the agent does not stream, as the SDK does."""
     if _validate is None:  # pragma: no cover - a future release

@@ -128,8 +128,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         work.raise_outcome()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """Cancel the task: checkpoints raise, the wrapped ``cancel()`` runs, the work stops,
-        and CANCELED is published on the still-open queue; all within the grace period.
+        """Cancel the task in the lifecycle's order, within the grace period.
+
+        Checkpoints raise, the wrapped ``cancel()`` runs, the work stops, and then CANCELED is
+        published on the queue, which ``execute()`` keeps open until it is.
         """
         lifecycle = self._self_lifecycle
         cancellation = lifecycle.begin(context.task_id or "")

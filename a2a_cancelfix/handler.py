@@ -285,7 +285,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             logger.debug("run of task %s did not close in time; it is force-closed", task_id)
             await _sdk.force_close(active, MARGIN)
 
-    @_sdk.validate_request_params
     async def on_message_send(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
@@ -296,7 +295,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
 
-    @_sdk.validate_request_params
     @_sdk.validate_streaming
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
@@ -360,6 +358,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if task is None:
             return  # The SDK answers TaskNotFoundError its own way.
         if task_id in self._lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
+            # Invalid params come first, as the SDK says. Checked only here: the SDK's own
+            # method checks every message it gets, and twice would cost on every message.
+            _sdk.check_required_fields(params)
             raise _ended(params)
 
 
