@@ -237,14 +237,24 @@ async def play(setup: dict, steps: list) -> None:
         parked_answer = kind == "sender" and state == "INPUT_REQUIRED"
         assert answers_at_once or parked_answer or state == final, (kind, state, final)
 
-    # 5. Nothing of the task is left behind.
-    await eventually(lambda: _nothing_left(server, task_id, baseline), BOUND)
+    # 5. Nothing of the task is left behind. Up to a2a-sdk 1.2.2 a run that completed on its
+    # own may never close its queues (the stock handler leaves the same run, with its tasks
+    # and registry entry, after a resumed sender or a follow-up message): not ours.
+    sdk_may_leak = final == "COMPLETED" and not _sdk.RUNS_CLOSE_THEMSELVES
+    await eventually(lambda: _nothing_left(server, task_id, baseline, sdk_may_leak), BOUND)
     lifecycle = handler.agent_executor.cancel_lifecycle
     assert lifecycle.cancellations == {} and lifecycle.works == {}
 
 
-async def _nothing_left(server, task_id: str, baseline: set) -> bool:
-    return not await _sdk.has_run(server.handler, task_id) and not tasks_since(baseline)
+async def _nothing_left(server, task_id: str, baseline: set, sdk_may_leak: bool) -> bool:
+    left = tasks_since(baseline)
+    if sdk_may_leak:  # Its tasks, and so its registry entry, may stay.
+        return not {task for task in left if not task.get_coro().__qualname__.startswith(_SDK_RUN)}
+    return not await _sdk.has_run(server.handler, task_id) and not left
+
+
+# What a run of the SDK consists of: its producer, consumer and queues' tasks.
+_SDK_RUN = ("ActiveTask.", "EventQueue", "EventConsumer.", "AsyncQueueProxy.")
 
 
 def _state_name(state: int) -> str:
@@ -294,3 +304,14 @@ def test_a_cancel_resumed_without_its_caller_still_tears_the_run_down() -> None:
     """Found by hypothesis: resumed after its client left, a cancel found the run finished,
     took the path for a task with no run here, and left the run's bookkeeping behind."""
     replay(WORKING_STREAM, ["cancel", 4, "leave"])
+
+
+def test_a_resumed_run_completing_on_a_slow_store_leaves_nothing_of_ours() -> None:
+    """Found by hypothesis: on a2a-sdk up to 1.2.2 such a run never closes its queues, under the
+    stock handler too; nothing of ours is left, and the cancel after it is refused."""
+    replay({**PARKED_STREAM, "store": "slow"}, ["resume", "step", 21])
+
+
+def test_follow_ups_to_a_running_task_that_completes_leave_nothing_of_ours() -> None:
+    """Found by hypothesis: on a2a-sdk 1.1.3 the SDK keeps such a run (stock too)."""
+    replay(WORKING_STREAM, ["resume", "resume stream", "step", 2])
