@@ -172,7 +172,8 @@ class Cancellation:
     6. published: the framework's terminal state is in the run's queue, after the work
        stopped: CANCELED, or FAILED when ``cancel()`` raised. Only now can anyone see it.
     7. answered: every caller has the same answer (the handler's part).
-    8. torn down: the run is closed and nothing of the task is kept (the handler's part).
+    8. torn down: the cancel is forgotten; the run's closing goes on behind the answer,
+       forced if it does not close in time (the handler's part).
 
     Steps 2-6 are `carry_out`; interrupted, it can be called again and resumes.
     """
