@@ -34,7 +34,6 @@ from a2a_cancelfix.lifecycle import (
     FAILED,
     MARGIN,
     Cancellation,
-    Step,
     seconds,
     terminal_state,
 )
@@ -258,15 +257,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         request_context = RequestContext(
             call_context=context, task_id=task.id, context_id=task.context_id, task=task
         )
-        queue = _sdk.agent_queue(active)
-        # What execute() queued that the SDK has not saved yet is moot now: saved one by one
-        # ahead of CANCELED, a backlog (tokens ahead of a slow store) would outlast the bound,
-        # and the forced close would end the streams on WORKING. Dropped with no await before
-        # carry_out() signals the run (it enqueues no more), so CANCELED comes next, after
-        # only what cancel() itself publishes. Once: a resumed cancel keeps what cancel() added.
-        if cancellation.step < Step.SIGNALLED:
-            _log_dropped(task.id, _sdk.drop_backlog(queue))
-        await cancellation.carry_out(request_context, queue)
+        await cancellation.carry_out(request_context, _sdk.agent_queue(active))
         recorded = await _sdk.wait_finished(active, cancellation.deadline + MARGIN)
         result = await self._read(task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
@@ -408,16 +399,6 @@ def _log_cancel(task: Task, path: str, outcome: str, took: float, late: bool) ->
         took,
         late,
     )
-
-
-def _log_dropped(task_id: str, dropped: dict[str, int]) -> None:
-    if dropped:
-        logger.info(
-            "cancel task=%s dropped=%d queued updates the SDK had not saved nor streamed (%s)",
-            task_id,
-            sum(dropped.values()),
-            ", ".join(f"{name}={count}" for name, count in sorted(dropped.items())),
-        )
 
 
 def _state_name(task: Task) -> str:

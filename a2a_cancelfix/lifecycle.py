@@ -20,7 +20,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix._aio import deadline_in, wait_set
-from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
+from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog
 from a2a_cancelfix.checkpoints import Run
 
 if TYPE_CHECKING:
@@ -228,6 +228,13 @@ class Cancellation:
             publish_first: publish CANCELED before ``cancel()`` runs: for a parked task under
                 the SDK's stock handler, which closes the run's queue on its own.
         """
+        if self.step < Step.SIGNALLED:
+            # What execute() queued that the SDK has not saved yet is moot now: saved one by
+            # one ahead of CANCELED, a backlog (tokens ahead of a slow store) would outlast
+            # the bound and the streams would end on WORKING. Dropped with no await before the
+            # signal (after it, the run enqueues no more), so CANCELED comes next, after only
+            # what cancel() itself publishes; once, so a resumed cancel keeps that.
+            _log_dropped(self.task_id, drop_backlog(queue))
         self.signal()
         publisher = _CancelQueue(queue, context)
         if publish_first:
@@ -317,6 +324,16 @@ class Lifecycle:
     def busy(self, task_id: str) -> bool:
         """Whether an ``execute()`` of ``task_id`` runs, or a cancel of it."""
         return task_id in self.works or task_id in self.cancellations
+
+
+def _log_dropped(task_id: str, dropped: dict[str, int]) -> None:
+    if dropped:
+        logger.info(
+            "cancel task=%s dropped=%d queued updates the SDK had not saved nor streamed (%s)",
+            task_id,
+            sum(dropped.values()),
+            ", ".join(f"{name}={count}" for name, count in sorted(dropped.items())),
+        )
 
 
 def _uncancel(task: asyncio.Task[Any]) -> None:
