@@ -166,7 +166,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         if stored.id in lifecycle.cancellations:
             return
         cancellation = lifecycle.begin(stored.id, "canceled on another replica")
-        cancellation.signal()  # Now, so that the checkpoint that found it raises.
+        cancellation.signal(event_queue)  # Now, so that the checkpoint that found it raises.
         here = RequestContext(
             call_context=context.call_context, task_id=stored.id, context_id=stored.context_id, task=stored
         )

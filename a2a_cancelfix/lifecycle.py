@@ -213,8 +213,18 @@ class Cancellation:
                 caller.set_result(result)
         self._reach(Step.ANSWERED)
 
-    def signal(self) -> None:
-        """Fire the run's callbacks and make its checkpoints raise (step 2)."""
+    def signal(self, queue: EventQueue) -> None:
+        """Drop the run's moot backlog, fire its callbacks, make its checkpoints raise (step 2).
+
+        What execute() queued that the SDK has not saved yet is moot now: saved one by one
+        ahead of CANCELED, a backlog (tokens ahead of a slow store) would outlast the bound
+        and the streams would end on WORKING. Dropped with no await before the signal (after
+        it, the run enqueues no more), so CANCELED comes next, after only what ``cancel()``
+        itself publishes; once, so a resumed cancel keeps that.
+        """
+        if self.step >= Step.SIGNALLED:
+            return
+        _log_dropped(self.task_id, drop_backlog(queue))
         if self.work is not None:
             self.work.run.cancel(self.reason)
         self._reach(Step.SIGNALLED)
@@ -228,14 +238,7 @@ class Cancellation:
             publish_first: publish CANCELED before ``cancel()`` runs: for a parked task under
                 the SDK's stock handler, which closes the run's queue on its own.
         """
-        if self.step < Step.SIGNALLED:
-            # What execute() queued that the SDK has not saved yet is moot now: saved one by
-            # one ahead of CANCELED, a backlog (tokens ahead of a slow store) would outlast
-            # the bound and the streams would end on WORKING. Dropped with no await before the
-            # signal (after it, the run enqueues no more), so CANCELED comes next, after only
-            # what cancel() itself publishes; once, so a resumed cancel keeps that.
-            _log_dropped(self.task_id, drop_backlog(queue))
-        self.signal()
+        self.signal(queue)
         publisher = _CancelQueue(queue, context)
         if publish_first:
             await self._publish(publisher)
