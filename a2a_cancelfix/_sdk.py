@@ -213,7 +213,7 @@ def drop_backlog(queue: EventQueue) -> dict[str, int]:
     if sink is not None and not getattr(sink, "_is_closed", True):  # EventQueueSink: 1.0.0-1.3.0
         held.insert(0, sink.queue)  # the older events
     taken = [[q.get_nowait() for _ in range(q.qsize())] for q in held]
-    ended = any(_ends_task(event) for events in taken for event in events)
+    ended = any(terminal_state(event) is not None for events in taken for event in events)
     dropped: collections.Counter[str] = collections.Counter()
     for q, events in zip(held, taken):
         for event in events:
@@ -232,8 +232,11 @@ def _is_moot(event: object) -> bool:
     return isinstance(event, TaskStatusUpdateEvent) and event.status.state not in TERMINAL_STATES
 
 
-def _ends_task(event: object) -> bool:
-    return isinstance(event, (Task, TaskStatusUpdateEvent)) and event.status.state in TERMINAL_STATES
+def terminal_state(event: object) -> int | None:
+    """The terminal state an event records, if any."""
+    if isinstance(event, (Task, TaskStatusUpdateEvent)) and event.status.state in TERMINAL_STATES:
+        return event.status.state
+    return None
 
 
 async def wait_finished(active: ActiveTask, deadline: float) -> bool:

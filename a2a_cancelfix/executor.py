@@ -18,19 +18,17 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.types import Task
 
-from a2a_cancelfix._aio import deadline_in, keep, wait_set
-from a2a_cancelfix._sdk import CANCELED
+from a2a_cancelfix._aio import deadline_in, keep
+from a2a_cancelfix._sdk import CANCELED, terminal_state
 from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
-    MARGIN,
     Lifecycle,
     Work,
     has_ended,
     logger,
     may_enqueue,
     seconds,
-    terminal_state,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +79,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         if cancellation is not None:
             # Nothing to run for a task being cancelled; but returning ends this request in
             # the SDK, and with it its sender's wait and its stream: CANCELED first.
-            await wait_set(cancellation.done, cancellation.deadline + MARGIN)
+            await cancellation.published()
             return
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
@@ -97,7 +95,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             cancellation = lifecycle.cancellations.get(task_id)
             if cancellation is not None:
                 # Returning lets the SDK close the request (and end its streams): CANCELED first.
-                await wait_set(cancellation.done, cancellation.deadline + MARGIN)
+                await cancellation.published()
         finally:
             if lifecycle.works.get(task_id) is work:
                 del lifecycle.works[task_id]
@@ -120,7 +118,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
                 deadline = deadline_in(lifecycle.grace_period)
             else:  # It stops the work, then publishes CANCELED: the queue stays open for it.
                 deadline = cancellation.deadline
-                await wait_set(cancellation.done, deadline + MARGIN)
+                await cancellation.published()
             # Torn down with no cancel, or with one the SDK gave up on: stop the work anyway.
             work.run.cancel("the run was torn down")
             await work.stop(deadline, lifecycle.name)

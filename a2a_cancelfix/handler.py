@@ -35,7 +35,6 @@ from a2a_cancelfix.lifecycle import (
     MARGIN,
     Cancellation,
     seconds,
-    terminal_state,
 )
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -117,11 +116,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             task = await self._read(task_id, context)  # Owner-scoped: joining needs it too.
             if task is None:
                 raise TaskNotFoundError
+            # Looked up once, so that a cancel resumed without its caller takes the same path.
+            active = await _sdk.live_task(self, task_id)
         except BaseException:
             if answer is not None:
                 answer.cancel()
             raise
-        joined = cancellations.get(task_id)
+        joined = cancellations.get(task_id)  # One may have begun during those awaits.
         if answer is None and joined is not None:
             answer = joined.join()
         if answer is not None:
@@ -130,11 +131,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if task.status.state == _sdk.CANCELED:  # on_canceled="return"
             _log_cancel(task, "already canceled", "CANCELED", 0.0, False)
             return task
-        # Looked up once, so that a cancel resumed without its caller takes the same path.
-        active = await _sdk.live_task(self, task_id)
-        joined = cancellations.get(task_id)
-        if joined is not None:
-            return await joined.join()
         cancellation = self._lifecycle.begin(task_id)
         answer = cancellation.join()
         try:
@@ -297,7 +293,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         try:
             async for event in events:
                 yield event
-                if terminal_state(event) is None:
+                if _sdk.terminal_state(event) is None:
                     continue
                 # The spec ends the stream here. The SDK's own stream ends as the run closes:
                 # it is read to there (closing it instead would leave its inner stream to the
@@ -365,7 +361,7 @@ async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[A
     async with contextlib.aclosing(events):
         async for event in events:
             yield event
-            if terminal_state(event) is not None:
+            if _sdk.terminal_state(event) is not None:
                 return
 
 

@@ -20,7 +20,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix._aio import deadline_in, wait_set
-from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog
+from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Run
 
 if TYPE_CHECKING:
@@ -213,6 +213,10 @@ class Cancellation:
                 caller.set_result(result)
         self._reach(Step.ANSWERED)
 
+    async def published(self) -> None:
+        """Wait until the terminal state is in the run's queue, or the cancel gave up."""
+        await wait_set(self.done, self.deadline + MARGIN)
+
     def signal(self, queue: EventQueue) -> None:
         """Drop the run's moot backlog, fire its callbacks, make its checkpoints raise (step 2).
 
@@ -348,13 +352,6 @@ def _uncancel(task: asyncio.Task[Any]) -> None:
 # The run queues that have carried a terminal state, so no later event (from a late run, or
 # from a cancel) follows it. Weak: an entry lives as long as the SDK's queue.
 _ended: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def terminal_state(event: object) -> int | None:
-    """The terminal state an event records, if any."""
-    if isinstance(event, (Task, TaskStatusUpdateEvent)) and event.status.state in TERMINAL_STATES:
-        return event.status.state
-    return None
 
 
 def has_ended(queue: Any, context: RequestContext) -> bool:
