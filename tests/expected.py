@@ -4,62 +4,155 @@ from __future__ import annotations
 
 from a2a_cancelfix._sdk import SDK_VERSION
 
-COLUMNS = ("1.0.0, 1.0.3", "1.1.2, 1.1.3", "1.1.5", "1.2.3, 1.3.0")
+COLUMNS = ("1.0.0", "1.0.3", "1.1.2, 1.1.3", "1.1.5", "1.2.3", "1.3.0")
+_FIRST = ((1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 4), (1, 2, 0), (1, 3, 0))
+"""The first release of each column's range."""
 
 
 def column(version: str = SDK_VERSION) -> int:
     """The column of the README table that an a2a-sdk release belongs to."""
     release = tuple(int(part) for part in version.split(".")[:3])
-    if release < (1, 1, 0):
-        return 0
-    if release < (1, 1, 4):
-        return 1
-    if release < (1, 2, 0):
-        return 2
-    return 3
+    return max(index for index, first in enumerate(_FIRST) if release >= first)
 
 
-def _same(outcome: str) -> tuple[str, str, str, str]:
-    return (outcome,) * 4
+def _same(outcome: str) -> tuple[str, ...]:
+    return (outcome,) * len(COLUMNS)
 
 
-# What the SDK's own DefaultRequestHandler does.
-STOCK: dict[str, tuple[str, str, str, str]] = {
-    "mid-run, cancel() empty": ("WORKING / WORKING",) * 2 + ("CANCELED / CANCELED",) * 2,
-    "mid-run, blocking sender in flight": ("sender got WORKING",) * 2 + ("sender got CANCELED",) * 2,
+# What the SDK's own DefaultRequestHandler does, as its clients see it (over JSON-RPC, or
+# gRPC where the scenario says so).
+STOCK: dict[str, tuple[str, ...]] = {
+    "mid-run, cancel() empty": (
+        "WORKING / WORKING",
+        "WORKING / WORKING",
+        "WORKING / WORKING",
+        "CANCELED / CANCELED",
+        "CANCELED / CANCELED",
+        "CANCELED / CANCELED",
+    ),
+    "mid-run, blocking sender in flight": (
+        "sender got WORKING",
+        "sender got WORKING",
+        "sender got WORKING",
+        "sender got CANCELED",
+        "sender got CANCELED",
+        "sender got CANCELED",
+    ),
     "mid-run, sender's stream": _same("stream ends on WORKING"),
     "mid-run, SubscribeToTask stream": _same("stream ends on WORKING"),
     "mid-run, two push configs": _same("a got WORKING, b got nothing"),
     "cancel retried": (
         "WORKING, then WORKING",
         "WORKING, then WORKING",
+        "WORKING, then WORKING",
         "CANCELED, then CANCELED",
         "CANCELED, then TaskNotCancelable",
+        "CANCELED, then TaskNotCancelable",
     ),
-    "parked INPUT_REQUIRED": ("INPUT_REQUIRED / INPUT_REQUIRED, cancel() called",) * 2
-    + ("CANCELED / CANCELED, cancel() called",) * 2,
-    "no live run here (restart, other replica)": ("HANG",) * 3 + ("CANCELED / CANCELED",),
+    "parked INPUT_REQUIRED": (
+        "INPUT_REQUIRED / INPUT_REQUIRED, cancel() called",
+        "INPUT_REQUIRED / INPUT_REQUIRED, cancel() called",
+        "INPUT_REQUIRED / INPUT_REQUIRED, cancel() called",
+        "CANCELED / CANCELED, cancel() called",
+        "CANCELED / CANCELED, cancel() called",
+        "CANCELED / CANCELED, cancel() called",
+    ),
+    "no live run here (restart, other replica)": (
+        "HANG",
+        "HANG",
+        "HANG",
+        "HANG",
+        "CANCELED / CANCELED",
+        "CANCELED / CANCELED",
+    ),
     "cancel() publishes CANCELED": _same("CANCELED / CANCELED"),
-    "cancel() awaits I/O, then publishes": ("WORKING / WORKING",) * 2 + ("CANCELED / CANCELED",) * 2,
-    "cancel() raises": _same("raised RuntimeError / FAILED"),
+    "cancel() awaits I/O, then publishes": (
+        "WORKING / WORKING",
+        "WORKING / WORKING",
+        "WORKING / WORKING",
+        "CANCELED / CANCELED",
+        "CANCELED / CANCELED",
+        "CANCELED / CANCELED",
+    ),
+    "cancel() raises": _same("Internal / FAILED"),
     "cancel() hangs": _same("HANG"),
     "execute() swallows CancelledError": _same("HANG"),
-    "another user cancels": ("WORKING, owner sees WORKING, run killed",) * 2
-    + ("TaskNotFound, owner sees WORKING, run untouched",) * 2,
-    "another user subscribes": ("got WORKING",) * 2 + ("got TaskNotFoundError",) * 2,
+    "another user cancels": (
+        "WORKING, owner sees WORKING, run killed",
+        "WORKING, owner sees WORKING, run killed",
+        "WORKING, owner sees WORKING, run killed",
+        "TaskNotFound, owner sees WORKING, run untouched",
+        "TaskNotFound, owner sees WORKING, run untouched",
+        "TaskNotFound, owner sees WORKING, run untouched",
+    ),
+    "another user subscribes": (
+        "got WORKING",
+        "got WORKING",
+        "got WORKING",
+        "got TaskNotFoundError",
+        "got TaskNotFoundError",
+        "got TaskNotFoundError",
+    ),
     "unknown task id": _same("TaskNotFound"),
-    "completed task": ("TaskNotCancelable", "COMPLETED", "COMPLETED", "TaskNotCancelable"),
-    "caller disconnects mid-cancel": _same("task ends WORKING"),
-    "two concurrent cancels": ("WORKING and WORKING",) * 2 + ("CANCELED and CANCELED",) * 2,
+    "completed task": _same("TaskNotCancelable"),
+    "client leaves mid-cancel, JSON-RPC": (
+        "task ends WORKING",
+        "task ends WORKING",
+        "task ends WORKING",
+        "task ends CANCELED",
+        "task ends CANCELED",
+        "task ends CANCELED",
+    ),
+    "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
+    "two concurrent cancels": (
+        "WORKING and WORKING",
+        "WORKING and WORKING",
+        "WORKING and WORKING",
+        "CANCELED and CANCELED",
+        "CANCELED and CANCELED",
+        "CANCELED and CANCELED",
+    ),
+    "two clients cancel at once": (
+        "HANG and HANG, task WORKING",
+        "WORKING and WORKING, task WORKING",
+        "WORKING and WORKING, task WORKING",
+        "CANCELED and CANCELED, task CANCELED",
+        "CANCELED and CANCELED, task CANCELED",
+        "CANCELED and HANG, task CANCELED",
+    ),
+    "second cancel while the first saves CANCELED": (
+        "HANG",
+        "HANG",
+        "WORKING and HANG, task WORKING",
+        "CANCELED and HANG, task CANCELED",
+        "CANCELED and CANCELED, task CANCELED",
+        "CANCELED and CANCELED, task CANCELED",
+    ),
 }
 
 # Where the SDK's handler around a CancellableExecutor still differs from our handler;
 # None: it does what our handler does.
-WRAPPED: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
-    "cancel retried": (None, "CANCELED, then CANCELED", "CANCELED, then CANCELED", None),
-    "another user cancels": ("CANCELED, owner sees WORKING, run killed",) * 2 + (None, None),
-    "another user subscribes": ("got WORKING",) * 2 + (None, None),
-    "completed task": (None, "COMPLETED", "COMPLETED", None),
-    "caller disconnects mid-cancel": _same("task ends WORKING"),
+WRAPPED: dict[str, tuple[str | None, ...]] = {
+    "cancel retried": (None, None, "CANCELED, then CANCELED", "CANCELED, then CANCELED", None, None),
+    "another user cancels": (
+        "CANCELED, owner sees WORKING, run killed",
+        "CANCELED, owner sees WORKING, run killed",
+        "CANCELED, owner sees WORKING, run killed",
+        None,
+        None,
+        None,
+    ),
+    "another user subscribes": ("got WORKING", "got WORKING", "got WORKING", None, None, None),
+    "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
+    "second cancel while the first saves CANCELED": ("HANG", "HANG", "HANG", None, None, None),
+}
+
+# What the same calls made straight on the stock handler show, where that is not what its clients
+# see (the README says why `check` goes over a socket).
+IN_PROCESS: dict[str, tuple[str, ...]] = {
+    "client leaves mid-cancel, JSON-RPC": _same("task ends WORKING"),
+    "two clients cancel at once": ("WORKING and WORKING, task WORKING",) * 3
+    + ("CANCELED and CANCELED, task CANCELED",) * 3,
     "cancel() raises": _same("raised RuntimeError / FAILED"),
+    "completed task": ("TaskNotCancelable",) * 2 + ("COMPLETED",) * 2 + ("TaskNotCancelable",) * 2,
 }

@@ -7,11 +7,8 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
-
-import uvicorn
 
 from a2a_cancelfix.check import BOUND, wait_all_tasks_blocked, within
 
@@ -100,37 +97,3 @@ def logged(text: str, logger: str = "a2a_cancelfix") -> Iterator[asyncio.Event]:
         logging.getLogger(logger).removeHandler(handler)
 
 
-class _Server(uvicorn.Server):
-    """A uvicorn server that says when it is up: an event rather than a flag to poll."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.up = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.up.set()
-
-
-@contextlib.asynccontextmanager
-async def uvicorn_serving(
-    app: Any, listener: socket.socket, *, shutdown_seconds: float = BOUND, **options: Any
-) -> AsyncIterator[uvicorn.Server]:
-    """Serve ``app`` on ``listener`` (a bound socket) until the block exits.
-
-    Yields once the server is up; a startup that fails raises here, and one that takes longer
-    than ``BOUND`` fails. So does a shutdown that takes longer than ``shutdown_seconds``.
-    """
-    server = _Server(uvicorn.Config(app, lifespan="off", **options))
-    serving = asyncio.ensure_future(server.serve(sockets=[listener]))
-    up = asyncio.ensure_future(server.up.wait())
-    try:
-        await within(asyncio.wait({up, serving}, return_when=asyncio.FIRST_COMPLETED))
-        if serving.done():
-            serving.result()  # Startup failed: raise its error here.
-            raise RuntimeError("the server stopped before it was up")
-        yield server
-    finally:
-        up.cancel()
-        server.should_exit = True
-        await within(serving, shutdown_seconds)

@@ -59,3 +59,18 @@ def test_check_says_when_the_package_can_go(monkeypatch, capsys) -> None:
     monkeypatch.setattr(check, "SCENARIOS", fine)
     assert cli.main(["check"]) == 0
     assert "you can remove a2a-cancelfix" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_a_transport_not_installed_is_named_and_keeps_the_package(monkeypatch, capsys) -> None:
+    """Without the packages for a scenario's transport, its row says NOT RUN and what to install,
+    and the verdict does not tell the user to remove the package on the rows that did run."""
+    chosen = ("cancel() publishes CANCELED", "client leaves mid-cancel, gRPC")
+    monkeypatch.setattr(check, "SCENARIOS", tuple(s for s in check.SCENARIOS if s.name in chosen))
+    hint = "pip install 'a2a-sdk[grpc]'"
+    monkeypatch.setattr(check._wire, "missing", lambda transport: hint if transport == "grpc" else None)
+    assert cli.main(["check"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    grpc_row = next(line for line in lines if line.startswith("client leaves mid-cancel, gRPC"))
+    assert grpc_row.count("NOT RUN (pip install 'a2a-sdk[grpc]')") == 3
+    assert "passes the 1 scenarios that ran" in lines[-1] and "a2a-sdk[grpc]" in lines[-1]
+    assert "you can remove" not in lines[-1]

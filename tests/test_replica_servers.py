@@ -24,7 +24,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .support import uvicorn_serving
+from a2a_cancelfix._wire import uvicorn_serving
+
 from .test_store import open_database
 
 SERVER = Path(__file__).parent / "replica_server.py"

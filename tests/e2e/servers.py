@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import httpx
-import uvicorn
 from a2a.auth.user import UnauthenticatedUser
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
@@ -27,21 +26,19 @@ from a2a.server.tasks import (
     InMemoryPushNotificationConfigStore,
     InMemoryTaskStore,
 )
-from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, a2a_pb2_grpc
+from a2a.types import AgentCard, a2a_pb2_grpc
 from a2a.utils.constants import TransportProtocol
 from starlette.applications import Starlette
-from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from a2a_cancelfix import DefaultRequestHandler
+from a2a_cancelfix._wire import agent_card, bearer_names, free_socket, uvicorn_serving
 from a2a_cancelfix.check import Changes, ScriptedExecutor
-
-from ..support import uvicorn_serving
 
 TRANSPORTS = ("jsonrpc", "rest", "grpc")
 BINDINGS = {
@@ -68,38 +65,6 @@ class Agent:
     CancelTask calls in progress (gRPC). A caller that went away drops out of it."""
     callers_changed: Changes
     """Notified each time a caller drops out of ``callers``."""
-
-
-class BearerNames(AuthenticationBackend):
-    """``Authorization: Bearer <name>`` authenticates as ``name``; no header, anonymous.
-
-    The SDK's routes build the caller as ``StarletteUser(request.user)``, whose ``user_name`` is
-    ``display_name``: the name the task store scopes tasks by.
-    """
-
-    async def authenticate(
-        self, conn: HTTPConnection
-    ) -> tuple[AuthCredentials, SimpleUser] | None:
-        scheme, _, name = conn.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not name:
-            return None
-        return AuthCredentials(["authenticated"]), SimpleUser(name)
-
-
-def agent_card(transport: str, url: str) -> AgentCard:
-    """A spec-complete card (the SDK logs a warning for a missing required field)."""
-    return AgentCard(
-        name="e2e",
-        description="cancel over the wire",
-        version="1",
-        supported_interfaces=[
-            AgentInterface(protocol_binding=BINDINGS[transport], url=url, protocol_version="1.0")
-        ],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=True),
-        default_input_modes=["text/plain"],
-        default_output_modes=["text/plain"],
-        skills=[AgentSkill(id="work", name="work", description="works one step", tags=["e2e"])],
-    )
 
 
 def push_sender(client: httpx.AsyncClient, configs: InMemoryPushNotificationConfigStore) -> Any:
@@ -148,12 +113,6 @@ async def serve_agent(
             yield Agent(transport, url, card, executor, callers, callers_changed)
 
 
-def free_socket() -> socket.socket:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    return listener
-
-
 @contextlib.asynccontextmanager
 async def serve_http(
     listener: socket.socket, transport: str, handler: DefaultRequestHandlerV2, card: AgentCard
@@ -165,7 +124,7 @@ async def serve_http(
     )
     app = Starlette(
         routes=[*create_agent_card_routes(card), *routes],
-        middleware=[Middleware(AuthenticationMiddleware, backend=BearerNames())],
+        middleware=[Middleware(AuthenticationMiddleware, backend=bearer_names())],
     )
     changes = Changes()
 
@@ -176,7 +135,7 @@ async def serve_http(
             super().connection_lost(exc)
             changes.notify()
 
-    async with uvicorn_server(app, listener, http=Connection) as server:
+    async with uvicorn_serving(app, listener, http=Connection) as server:
         yield (lambda: frozenset(server.server_state.connections)), changes
 
 
@@ -212,21 +171,6 @@ async def serve_grpc(
         await server.stop(None)
 
 
-@contextlib.asynccontextmanager
-async def uvicorn_server(app: Any, listener: socket.socket, **options: Any) -> AsyncIterator[uvicorn.Server]:
-    """Serve ``app`` on ``listener`` (a bound socket) until the block exits."""
-    async with uvicorn_serving(
-        app,
-        listener,
-        shutdown_seconds=5,
-        log_level="warning",
-        log_config=None,  # Leave the test run's logging configuration alone.
-        timeout_graceful_shutdown=2,  # Bounds teardown if a stream was left open.
-        **options,
-    ) as server:
-        yield server
-
-
 @dataclass
 class PushReceiver:
     """A webhook that records, per push config, the task state of every notification."""
@@ -256,5 +200,5 @@ async def serve_push_receiver() -> AsyncIterator[PushReceiver]:
     listener = free_socket()
     receiver = PushReceiver(url=f"http://127.0.0.1:{listener.getsockname()[1]}/")
     app = Starlette(routes=[Route("/{config}", receiver.receive, methods=["POST"])])
-    async with uvicorn_server(app, listener):
+    async with uvicorn_serving(app, listener):
         yield receiver
