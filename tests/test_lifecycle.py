@@ -39,7 +39,7 @@ from a2a_cancelfix.check import (
 )
 from a2a_cancelfix.lifecycle import MARGIN
 
-from .expected import column
+from .expected import COLUMNS, column
 from .support import eventually
 
 SLACK = 1.5
@@ -353,7 +353,7 @@ async def test_a_follow_up_racing_a_cancel_sees_canceled(kind: str) -> None:
     answer = await within(cancelling, GRACE + SLACK)
     assert await stream.ended()
     outcomes = (answer, await within(sender), stream.last)
-    if kind == "ours" or column() >= 2:  # a2a-sdk 1.1.4+ awaits cancel() before the teardown.
+    if kind == "ours" or column() >= COLUMNS.index("1.1.5"):  # 1.1.4+ awaits cancel() first.
         assert outcomes == ("CANCELED", "CANCELED", "CANCELED")
     else:
         assert "CANCELED" not in outcomes
