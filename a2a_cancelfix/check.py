@@ -1,8 +1,10 @@
 """`a2a-cancelfix check`: run the cancel scenarios on the installed a2a-sdk, stock vs ours.
 
 Every scenario runs in an event loop of its own, against a fresh handler and store, and is
-bounded: a stock handler that never answers shows as HANG and never blocks the command.
-The test suite runs the same scenarios, so this table is what the tests show.
+bounded: a stock handler that never answers shows as HANG and never blocks the command. Its
+calls go as clients make them, over a real socket (``_wire``), to servers in that same loop, so
+the scenario's gates stay reachable. The test suite runs the same scenarios, so this table is
+what the tests show.
 """
 
 from __future__ import annotations
@@ -366,8 +368,8 @@ def _find_state(body: Any) -> str | None:
     return None
 
 
-class InProcess:
-    """A scenario's calls made straight on the handler, as ``caller(owner)``."""
+class Calls:
+    """How a scenario reaches the handler; these are made straight on it, as ``caller(owner)``."""
 
     def __init__(self, handler: DefaultRequestHandlerV2) -> None:
         self.handler = handler
@@ -391,7 +393,7 @@ class InProcess:
         await self.handler.on_create_task_push_notification_config(config, caller(owner))
 
     @contextlib.asynccontextmanager
-    async def session(self, owner: str) -> AsyncIterator[InProcess]:
+    async def session(self, owner: str) -> AsyncIterator[Calls]:
         """Calls that share one connection, as one client keeps it open between requests."""
         yield self
 
@@ -402,7 +404,7 @@ class InProcess:
         return None
 
 
-class OverTheWire(InProcess):
+class OverTheWire(Calls):
     """A scenario's calls made by the SDK's own client, each from a connection of its own (as
     separate clients make them), authenticated as ``owner``."""
 
@@ -443,7 +445,7 @@ class OverTheWire(InProcess):
             await client.create_task_push_notification_config(config)
 
     @contextlib.asynccontextmanager
-    async def session(self, owner: str) -> AsyncIterator[InProcess]:  # type: ignore[override]
+    async def session(self, owner: str) -> AsyncIterator[Calls]:  # type: ignore[override]
         async with _wire.connect(self.endpoint, owner, streaming=False) as client:
             yield _Session(self.handler, client)
 
@@ -454,7 +456,7 @@ class OverTheWire(InProcess):
         await within(self.endpoint.gone(callers))
 
 
-class _Session(InProcess):
+class _Session(Calls):
     """One client's calls on its one kept-alive connection (``owner`` is the client's)."""
 
     def __init__(self, handler: DefaultRequestHandlerV2, client: Any) -> None:
@@ -483,7 +485,7 @@ class Server:
     executor: ScriptedExecutor
     store: TaskStore
     push: PushReceiver
-    calls: InProcess
+    calls: Calls
     """How the scenario reaches the handler: in process, or over a transport."""
 
 
@@ -517,7 +519,7 @@ def make_server(
         if kind == "wrapped":
             arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)
         handler = DefaultRequestHandlerV2(**arguments)
-    return Server(handler, executor, store, receiver, InProcess(handler))
+    return Server(handler, executor, store, receiver, Calls(handler))
 
 
 class Bench:
@@ -868,7 +870,7 @@ async def two_clients_cancel(bench: Bench) -> str:
     connection while a second client cancels it on a new one; ``cancel()`` is empty.
 
     The second request reaches the handler a few event-loop turns after the first (its
-    connection is accepted first), as it does between real clients; in-process calls made
+    connection must be accepted first), as it does between real clients; in-process calls made
     together reach it in the same turn.
     """
     server = await bench.server(ScriptedExecutor())
@@ -911,8 +913,8 @@ async def cancel_during_cancel(bench: Bench) -> str:
     """A second client cancels a task started with ``returnImmediately`` while the first
     client's cancel is saving CANCELED: the run has stopped, the store still says WORKING.
 
-    Over the wire that is where a second request, a moment behind the first, often lands;
-    in-process calls made together both pass the store read before the run stops.
+    A store write that takes a while, as a database's does, holds open the moment in which a
+    second client's request, a little behind the first, lands.
     """
     store = SlowCancelSave()
     server = await bench.server(ScriptedExecutor(), store=store)
