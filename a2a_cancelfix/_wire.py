@@ -22,8 +22,7 @@ from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from a2a.utils.constants import TransportProtocol
 
-TRANSPORTS = ("jsonrpc", "grpc")
-_BINDINGS = {
+BINDINGS = {
     "jsonrpc": TransportProtocol.JSONRPC,
     "rest": TransportProtocol.HTTP_JSON,
     "grpc": TransportProtocol.GRPC,
@@ -47,7 +46,7 @@ def agent_card(transport: str, url: str) -> AgentCard:
         description="cancel scenarios",
         version="1",
         supported_interfaces=[
-            AgentInterface(protocol_binding=_BINDINGS[transport], url=url, protocol_version="1.0")
+            AgentInterface(protocol_binding=BINDINGS[transport], url=url, protocol_version="1.0")
         ],
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
         default_input_modes=["text/plain"],
@@ -215,7 +214,7 @@ async def connect(
         config = ClientConfig(
             httpx_client=http,
             streaming=streaming,
-            supported_protocol_bindings=[_BINDINGS[endpoint.transport]],
+            supported_protocol_bindings=[BINDINGS[endpoint.transport]],
             **_grpc_channels(endpoint.transport),
         )
         client = ClientFactory(config).create(agent_card(endpoint.transport, endpoint.url))

@@ -14,7 +14,9 @@ import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.types import CancelTaskRequest, StreamResponse, TaskState, a2a_pb2_grpc
 
-from .servers import BINDINGS, Agent
+from a2a_cancelfix._wire import BINDINGS
+
+from .servers import Agent
 
 VERSION = {"A2A-Version": "1.0"}
 """Without it the HTTP servers take a request for protocol 0.3 and refuse it."""

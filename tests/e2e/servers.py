@@ -27,7 +27,6 @@ from a2a.server.tasks import (
     InMemoryTaskStore,
 )
 from a2a.types import AgentCard, a2a_pb2_grpc
-from a2a.utils.constants import TransportProtocol
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -41,11 +40,6 @@ from a2a_cancelfix._wire import agent_card, bearer_names, free_socket, uvicorn_s
 from a2a_cancelfix.check import Changes, ScriptedExecutor
 
 TRANSPORTS = ("jsonrpc", "rest", "grpc")
-BINDINGS = {
-    "jsonrpc": TransportProtocol.JSONRPC,
-    "rest": TransportProtocol.HTTP_JSON,
-    "grpc": TransportProtocol.GRPC,
-}
 GRACE = 0.5
 """Our handler's grace period: far more than these executors take to wind down, and with the
 handler's one-second margin still inside the bound of every wait (``check.BOUND``, 2.5 s)."""
