@@ -2,10 +2,9 @@
 
 import pytest
 
-from a2a_cancelfix.check import IN_PROCESS as CALLED_IN_PROCESS
-from a2a_cancelfix.check import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.check import IN_PROCESS, SCENARIOS, Scenario, run_scenario
 
-from .expected import COLUMNS, IN_PROCESS, STOCK, WRAPPED, column
+from .expected import COLUMNS, STOCK, STOCK_IN_PROCESS, WRAPPED, column
 
 ids = [scenario.name for scenario in SCENARIOS]
 
@@ -29,15 +28,15 @@ def test_wrapper_alone_behaves_as_documented(scenario: Scenario) -> None:
     assert run_scenario(scenario, "wrapped") == (differs or scenario.expected)
 
 
-@pytest.mark.parametrize("name", sorted(IN_PROCESS))
+@pytest.mark.parametrize("name", sorted(STOCK_IN_PROCESS))
 def test_calls_made_in_process_are_not_what_clients_see(name: str) -> None:
     """The same scenario, called straight on the stock handler, shows what the README says it
     does in process; where that differs from the table, the table is what clients see."""
     scenario = next(scenario for scenario in SCENARIOS if scenario.name == name)
-    assert run_scenario(scenario, "stock", CALLED_IN_PROCESS) == IN_PROCESS[name][column()]
+    assert run_scenario(scenario, "stock", IN_PROCESS) == STOCK_IN_PROCESS[name][column()]
 
 
 def test_every_scenario_is_documented() -> None:
     """The expectation tables name exactly the scenarios that exist."""
     assert set(STOCK) == set(ids)
-    assert set(WRAPPED) <= set(ids) and set(IN_PROCESS) <= set(ids)
+    assert set(WRAPPED) <= set(ids) and set(STOCK_IN_PROCESS) <= set(ids)
