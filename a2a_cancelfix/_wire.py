@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import socket
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +84,10 @@ def free_socket() -> socket.socket:
     return listener
 
 
-@contextlib.asynccontextmanager
-async def serve(handler: Any, transport: str, **http_options: Any) -> AsyncIterator[Endpoint]:
+def serve(handler: Any, transport: str, **http_options: Any) -> AbstractAsyncContextManager[Endpoint]:
     """Serve ``handler`` over ``transport`` until the block exits; ``http_options`` go to
     ``uvicorn_serving``."""
-    serving = _serve_grpc(handler) if transport == "grpc" else _serve_jsonrpc(handler, **http_options)
-    async with serving as endpoint:
-        yield endpoint
+    return _serve_grpc(handler) if transport == "grpc" else _serve_jsonrpc(handler, **http_options)
 
 
 @contextlib.asynccontextmanager

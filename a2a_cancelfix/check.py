@@ -885,9 +885,7 @@ async def two_clients_cancel(bench: Bench) -> str:
             asyncio.ensure_future(_outcome(starter.cancel(task_id, "alice"))),
             asyncio.ensure_future(cancel(server, task_id)),
         ]
-        await asyncio.wait(answers, timeout=BOUND / 2)
-        outcomes = [answer.result() if answer.done() else "HANG" for answer in answers]
-        return f"{' and '.join(outcomes)}, task {await stored(server, task_id)}"
+        return f"{await _answers(answers)}, task {await stored(server, task_id)}"
 
 
 class SlowCancelSave(InMemoryTaskStore):
@@ -932,9 +930,13 @@ async def cancel_during_cancel(bench: Bench) -> str:
     await within(store.read.wait())  # The second cancel has reached the handler...
     await wait_all_tasks_blocked()  # ...and got as far as it can.
     store.gate.open()  # Now the first one's CANCELED is saved.
-    await asyncio.wait({first, second}, timeout=BOUND / 2)
-    answers = [answer.result() if answer.done() else "HANG" for answer in (first, second)]
-    return f"{' and '.join(answers)}, task {await stored(server, task_id)}"
+    return f"{await _answers([first, second])}, task {await stored(server, task_id)}"
+
+
+async def _answers(cancels: list[asyncio.Future[str]]) -> str:
+    """What concurrent cancels answered, HANG for one with no answer within half the bound."""
+    await asyncio.wait(cancels, timeout=BOUND / 2)
+    return " and ".join(cancel.result() if cancel.done() else "HANG" for cancel in cancels)
 
 
 @dataclass(frozen=True)
@@ -984,8 +986,9 @@ def run_scenario(scenario: Scenario, kind: str, transport: str | None = None) ->
     """Run one scenario in a fresh event loop, over its transport unless told otherwise;
     HANG if it outlives ``BOUND``; NOT RUN if the transport's packages are missing."""
     transport = transport or scenario.transport
-    if transport != IN_PROCESS and _wire.missing(transport):
-        return f"{NOT_RUN} ({_wire.missing(transport)})"
+    install = _wire.missing(transport) if transport != IN_PROCESS else None
+    if install:
+        return f"{NOT_RUN} ({install})"
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(_bounded(scenario, kind, transport))
