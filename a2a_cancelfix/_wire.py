@@ -1,5 +1,5 @@
 """A handler as clients meet it: the SDK's own JSON-RPC app behind uvicorn (or the SDK's gRPC
-servicer) on 127.0.0.1, on a port of its own, in the caller's event loop; and the SDK's own
+servicer, or its REST routes) on 127.0.0.1, on a port of its own, in the caller's event loop; and the SDK's own
 client to call it.
 
 The scenarios run in the same event loop as the server, so their gates stay reachable, while
@@ -28,8 +28,13 @@ BINDINGS = {
     "rest": TransportProtocol.HTTP_JSON,
     "grpc": TransportProtocol.GRPC,
 }
-_NEEDS = {"jsonrpc": ("uvicorn", "starlette", "sse_starlette"), "grpc": ("grpc",)}
-_EXTRAS = {"jsonrpc": "a2a-sdk[http-server] uvicorn", "grpc": "a2a-sdk[grpc]"}
+_HTTP = ("uvicorn", "starlette", "sse_starlette")
+_NEEDS = {"jsonrpc": _HTTP, "rest": _HTTP, "grpc": ("grpc",)}
+_EXTRAS = {
+    "jsonrpc": "a2a-sdk[http-server] uvicorn",
+    "rest": "a2a-sdk[http-server] uvicorn",
+    "grpc": "a2a-sdk[grpc]",
+}
 _SHUTDOWN = 2.0
 """Seconds a server gets to stop; a request the stock handler never answers is cut off."""
 
@@ -62,7 +67,7 @@ class Endpoint:
 
     transport: str
     url: str
-    """http://127.0.0.1:port/ (JSON-RPC) or 127.0.0.1:port (gRPC)."""
+    """http://127.0.0.1:port/ (JSON-RPC, REST) or 127.0.0.1:port (gRPC)."""
     callers: Callable[[], frozenset[Any]]
     """What the server holds for its callers now: open HTTP connections, or gRPC calls in
     progress. A caller that went away drops out of it."""
@@ -87,19 +92,19 @@ def free_socket() -> socket.socket:
 def serve(handler: Any, transport: str, **http_options: Any) -> AbstractAsyncContextManager[Endpoint]:
     """Serve ``handler`` over ``transport`` until the block exits; ``http_options`` go to
     ``uvicorn_serving``."""
-    return _serve_grpc(handler) if transport == "grpc" else _serve_jsonrpc(handler, **http_options)
+    return _serve_grpc(handler) if transport == "grpc" else _serve_http(handler, transport, **http_options)
 
 
 @contextlib.asynccontextmanager
-async def _serve_jsonrpc(handler: Any, **options: Any) -> AsyncIterator[Endpoint]:
-    from a2a.server.routes import create_jsonrpc_routes
+async def _serve_http(handler: Any, transport: str, **options: Any) -> AsyncIterator[Endpoint]:
+    from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.authentication import AuthenticationMiddleware
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     app = Starlette(
-        routes=create_jsonrpc_routes(handler, "/"),
+        routes=create_jsonrpc_routes(handler, "/") if transport == "jsonrpc" else create_rest_routes(handler),
         middleware=[Middleware(AuthenticationMiddleware, backend=bearer_names())],
     )
     left = asyncio.Event()
@@ -114,7 +119,7 @@ async def _serve_jsonrpc(handler: Any, **options: Any) -> AsyncIterator[Endpoint
     listener = free_socket()
     url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
     async with uvicorn_serving(app, listener, http=Connection, **options) as server:
-        yield Endpoint("jsonrpc", url, lambda: frozenset(server.server_state.connections), left)
+        yield Endpoint(transport, url, lambda: frozenset(server.server_state.connections), left)
 
 
 def bearer_names() -> Any:
@@ -203,7 +208,7 @@ async def _serve_grpc(handler: Any) -> AsyncIterator[Endpoint]:
 async def connect(
     endpoint: Endpoint, user: str | None = None, *, streaming: bool = True
 ) -> AsyncIterator[Client]:
-    """The SDK's own client of ``endpoint``, authenticated as ``user`` (JSON-RPC only), on a
+    """The SDK's own client of ``endpoint``, authenticated as ``user`` (over HTTP only), on a
     connection of its own."""
     headers = {"Authorization": f"Bearer {user}"} if user and endpoint.transport != "grpc" else {}
     # Our own httpx client: before 1.3.0 the factory shares one across its clients and the
