@@ -14,7 +14,7 @@ SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.3", "newest"]
 @nox.parametrize("sdk", SDK_RELEASES)
 def tests(session: nox.Session, sdk: str) -> None:
     """Run the suite against one a2a-sdk release."""
-    extras = "[http-server,grpc,sqlite,postgresql]"
+    extras = "[http-server,grpc,sqlite,postgresql,telemetry]"
     requirement = f"a2a-sdk{extras}>=1,<2" if sdk == "newest" else f"a2a-sdk{extras}=={sdk}"
     session.install("-e", ".[test]", requirement)
     session.run("pytest", *session.posargs)

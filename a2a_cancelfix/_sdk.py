@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.types import Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
+from a2a.utils import telemetry as _telemetry_module
 
 from a2a_cancelfix._aio import deadline_in, keep, wait_done, wait_set
 
@@ -78,6 +79,20 @@ def validate_streaming(method: Any) -> Any:
         lambda self: self._agent_card.capabilities.streaming,
         "Streaming is not supported by the agent",
     )(method)
+
+
+def untraced(method: Any) -> Any:
+    """The SDK handler's ``method`` without the span its ``trace_class`` puts around it.
+
+    Our override carries that span (``_telemetry.traced_as_sdk``); calling the SDK's method
+    traced would open a second one of the same name inside it.
+    """
+    # trace_function's wrappers are defined in a2a/utils/telemetry.py and keep the method as
+    # __wrapped__ (functools.wraps): 1.0.0-1.3.0.
+    inner = getattr(method, "__wrapped__", None)
+    if inner is not None and method.__code__.co_filename == _telemetry_module.__file__:
+        return inner
+    return method  # pragma: no cover - a future release that traces otherwise
 
 
 # The SDK's state sets; both are module constants of active_task.py in 1.0.0-1.3.0.

@@ -18,6 +18,7 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.types import Task
 
+from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, keep
 from a2a_cancelfix._sdk import CANCELED, terminal_state
 from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
@@ -163,7 +164,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         lifecycle = self._self_lifecycle
         if stored.id in lifecycle.cancellations:
             return
-        cancellation = lifecycle.begin(stored.id, "canceled on another replica")
+        status = stored.status
+        stored_at = status.timestamp.ToMicroseconds() / 1e6 if status.HasField("timestamp") else None
+        span = _telemetry.remote_cancel_span(stored.id, stored_at)
+        cancellation = lifecycle.begin(stored.id, "canceled on another replica", span)
         cancellation.signal(event_queue)  # Now, so that the checkpoint that found it raises.
         here = RequestContext(
             call_context=context.call_context, task_id=stored.id, context_id=stored.context_id, task=stored
@@ -174,6 +178,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
                 await cancellation.carry_out(here, event_queue)
             finally:
                 lifecycle.end(cancellation)
+                _telemetry.end(span)
 
         keep(carry_out())
 

@@ -26,7 +26,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _sdk
+from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import deadline_in, keep
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.lifecycle import (
@@ -41,6 +41,12 @@ logger = logging.getLogger("a2a_cancelfix")
 
 # How long, after the answer, a run that can close itself gets to do so before it is forced.
 _PATIENCE = 30.0
+
+# The SDK's methods without their spans: our overrides carry them.
+_sdk_cancel = _sdk.untraced(DefaultRequestHandlerV2.on_cancel_task)
+_sdk_send = _sdk.untraced(DefaultRequestHandlerV2.on_message_send)
+_sdk_stream = _sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream)
+_sdk_subscribe = _sdk.untraced(DefaultRequestHandlerV2.on_subscribe_to_task)
 
 
 class DefaultRequestHandler(DefaultRequestHandlerV2):
@@ -96,6 +102,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_parked = on_parked
         self.on_canceled = on_canceled
 
+    @_telemetry.traced_as_sdk
     @_sdk.validate_request_params
     async def on_cancel_task(  # type: ignore[override]
         self, params: CancelTaskRequest, context: ServerCallContext
@@ -115,6 +122,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         try:
             task = await self._read(task_id, context)  # Owner-scoped: joining needs it too.
             if task is None:
+                _log_cancel(task_id, "unknown task", "TaskNotFound", 0.0, False)
                 raise TaskNotFoundError
             # Looked up once, so that a cancel resumed without its caller takes the same path.
             active = await _sdk.live_task(self, task_id)
@@ -126,10 +134,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if answer is None and joined is not None:
             answer = joined.join()
         if answer is not None:
-            return await answer
+            return await _joined(task_id, answer)
         self._refuse_unless_cancelable(task)
         if task.status.state == _sdk.CANCELED:  # on_canceled="return"
-            _log_cancel(task, "already canceled", "CANCELED", 0.0, False)
+            _log_cancel(task.id, "already canceled", "CANCELED", 0.0, False)
             return task
         cancellation = self._lifecycle.begin(task_id)
         answer = cancellation.join()
@@ -164,10 +172,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if state in _sdk.TERMINAL_STATES:
             if state == _sdk.CANCELED and self.on_canceled == "return":
                 return
-            _log_cancel(task, "already terminal", "TaskNotCancelable", 0.0, False)
+            _log_cancel(task.id, "already terminal", "TaskNotCancelable", 0.0, False)
             raise TaskNotCancelableError(message=f"Task {task.id} is already in a terminal state")
         if state in _sdk.PARKED_STATES and self.on_parked == "refuse":
-            _log_cancel(task, "parked, refused", "TaskNotCancelable", 0.0, False)
+            _log_cancel(task.id, "parked, refused", "TaskNotCancelable", 0.0, False)
             raise TaskNotCancelableError(
                 message=f"Task {task.id} is waiting for input and this server keeps such tasks"
             )
@@ -215,7 +223,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         else:
             path, result = "not live here (SDK)", await self._cancel_by_sdk(params, context, cancellation)
         state = result.status.state
-        _log_cancel(task, path, _state_name(result), time.monotonic() - started, cancellation.late)
+        _log_cancel(task.id, path, _state_name(result), time.monotonic() - started, cancellation.late)
         if state == _sdk.CANCELED:
             return result
         if state == FAILED and cancellation.failure is not None:
@@ -228,7 +236,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
         timeout = max(cancellation.deadline + MARGIN - asyncio.get_running_loop().time(), 0)
         try:
-            await asyncio.wait_for(super().on_cancel_task(params, context), timeout)
+            await asyncio.wait_for(_sdk_cancel(self, params, context), timeout)
         except asyncio.TimeoutError:
             logger.warning("the SDK's cancel of task %s hung; CANCELED is written directly", params.id)
             return await self._write_canceled(params.id, context)
@@ -258,6 +266,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         result = await self._read(task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
+            _telemetry.teardown_forced(task.id)
             await _sdk.force_close(active, MARGIN)
             return await self._write_canceled(task.id, context)
         return result
@@ -270,25 +279,28 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         settle_by = deadline_in(_PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else MARGIN)
         if not await _sdk.run_closed(active, settle_by):
             logger.debug("run of task %s did not close in time; it is force-closed", task_id)
+            _telemetry.teardown_forced(task_id)
             await _sdk.force_close(active, MARGIN)
 
+    @_telemetry.traced_as_sdk
     async def on_message_send(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
         """Send a message, as the SDK does; a task that ended or is being canceled refuses it."""
         await self._refuse_if_ended(params, context)
         try:
-            return await super().on_message_send(params, context)
+            return await _sdk_send(self, params, context)
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
 
+    @_telemetry.traced_as_sdk
     @_sdk.validate_streaming
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
         await self._refuse_if_ended(params, context)
-        events = super().on_message_send_stream(params, context)
+        events = _sdk_stream(self, params, context)
         drained = False
         try:
             async for event in events:
@@ -311,6 +323,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             if not drained:
                 await events.aclose()
 
+    @_telemetry.traced_as_sdk
     @_sdk.validate_request_params
     @_sdk.validate_streaming
     async def on_subscribe_to_task(  # type: ignore[override]
@@ -328,7 +341,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise UnsupportedOperationError(
                 message=f"Task {task.id} is in terminal state {_state_name(task)}"
             )
-        async for event in _until_terminal(super().on_subscribe_to_task(params, context)):
+        async for event in _until_terminal(_sdk_subscribe(self, params, context)):
             yield event
 
     async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
@@ -386,15 +399,28 @@ def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
     )
 
 
-def _log_cancel(task: Task, path: str, outcome: str, took: float, late: bool) -> None:
+async def _joined(task_id: str, answer: asyncio.Future[Task]) -> Task:
+    """The answer of the cancel in progress that this request joined."""
+    started = time.monotonic()
+    try:
+        task = await answer
+    except A2AError as error:
+        _telemetry.cancel_answered(task_id, "joined", type(error).__name__.removesuffix("Error"), 0.0, False)
+        raise
+    _telemetry.cancel_answered(task_id, "joined", _state_name(task), time.monotonic() - started, False)
+    return task
+
+
+def _log_cancel(task_id: str, path: str, outcome: str, took: float, late: bool) -> None:
     logger.info(
         "cancel task=%s path=%s outcome=%s took=%.3fs grace_exhausted=%s",
-        task.id,
+        task_id,
         path,
         outcome,
         took,
         late,
     )
+    _telemetry.cancel_answered(task_id, path, outcome, took, late)
 
 
 def _state_name(task: Task) -> str:

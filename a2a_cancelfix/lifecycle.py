@@ -19,6 +19,7 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 
+from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, wait_set
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Run
@@ -178,8 +179,9 @@ class Cancellation:
     Steps 2-6 are `carry_out`; interrupted, it can be called again and resumes.
     """
 
-    def __init__(self, lifecycle: Lifecycle, task_id: str, reason: str) -> None:
+    def __init__(self, lifecycle: Lifecycle, task_id: str, reason: str, span: Any) -> None:
         self.lifecycle = lifecycle
+        self.span = span  # Where its steps are recorded: the request's span, or the notice's.
         self.task_id = task_id
         self.reason = reason
         self.deadline = deadline_in(lifecycle.grace_period)
@@ -228,10 +230,12 @@ class Cancellation:
         """
         if self.step >= Step.SIGNALLED:
             return
-        _log_dropped(self.task_id, drop_backlog(queue))
+        dropped = drop_backlog(queue)
+        _log_dropped(self.task_id, dropped)
         if self.work is not None:
             self.work.run.cancel(self.reason)
         self._reach(Step.SIGNALLED)
+        _telemetry.step(self.span, "callbacks_fired", dropped=sum(dropped.values()))
 
     async def carry_out(
         self, context: RequestContext, queue: EventQueue, *, publish_first: bool = False
@@ -250,6 +254,8 @@ class Cancellation:
         if self.work is not None:
             self._reach(Step.STOPPING)
             await self.work.stop(self.deadline, self.lifecycle.name)
+            if self.step < Step.STOPPED:
+                _telemetry.step(self.span, "work_stopped", abandoned=self.work.abandoned)
         self._reach(Step.STOPPED)
         await self._publish(publisher)
         self.done.set()
@@ -265,8 +271,10 @@ class Cancellation:
     async def _run_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
         try:
             await self.lifecycle.executor.cancel(context, queue)
+            _telemetry.step(self.span, "cancel_returned")
         except Exception as error:
             self.failure = error
+            _telemetry.step(self.span, "cancel_raised", error=type(error).__name__)
             logger.warning(
                 "%s.cancel() raised for task %s; the task ends FAILED",
                 self.lifecycle.name,
@@ -284,11 +292,13 @@ class Cancellation:
                 self.lifecycle.name,
                 self.task_id,
             )
+            _telemetry.step(self.span, "cancel_cut_off")
             self._call.cancel()
 
     async def _publish(self, queue: _CancelQueue) -> None:
         state = FAILED if self.failure is not None else CANCELED
-        await queue.publish(state)
+        if await queue.publish(state):
+            _telemetry.step(self.span, "terminal_published", state=TaskState.Name(state))
         self._reach(Step.PUBLISHED)
 
     def _reach(self, step: Step) -> None:
@@ -314,11 +324,15 @@ class Lifecycle:
         self.poll_interval = DEFAULT_POLL_INTERVAL
         self.inline = False  # Our handler drives every cancel: the work runs in the SDK's task.
 
-    def begin(self, task_id: str, reason: str = "cancel requested") -> Cancellation:
-        """The cancel in progress of ``task_id``, or a new one (its deadline fixed now)."""
+    def begin(self, task_id: str, reason: str = "cancel requested", span: Any = None) -> Cancellation:
+        """The cancel in progress of ``task_id``, or a new one (its deadline fixed now).
+
+        Its steps are recorded on ``span``, by default the span current here.
+        """
         cancellation = self.cancellations.get(task_id)
         if cancellation is None:
-            cancellation = self.cancellations[task_id] = Cancellation(self, task_id, reason)
+            span = span if span is not None else _telemetry.current_span()
+            cancellation = self.cancellations[task_id] = Cancellation(self, task_id, reason, span)
         return cancellation
 
     def end(self, cancellation: Cancellation) -> None:
@@ -393,15 +407,17 @@ class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
         if may_enqueue(self.__wrapped__, event, task_id, state is not None):
             await self.__wrapped__.enqueue_event(event)
 
-    async def publish(self, state: int) -> None:
+    async def publish(self, state: int) -> bool:
         """Publish the framework's terminal ``state``, unless the run already ended."""
         context = self._self_context
         if self.__wrapped__ in _ended or context.current_task is None:
-            return  # Already ended, or no task stored yet that a status could update.
+            return False  # Already ended, or no task stored yet that a status could update.
         status = TaskStatus(state=state)
         status.timestamp.GetCurrentTime()
         event = TaskStatusUpdateEvent(
             task_id=context.task_id, context_id=context.context_id or "", status=status
         )
-        if may_enqueue(self.__wrapped__, event, context.task_id or "", True):
-            await self.__wrapped__.enqueue_event(event)
+        if not may_enqueue(self.__wrapped__, event, context.task_id or "", True):
+            return False
+        await self.__wrapped__.enqueue_event(event)
+        return True

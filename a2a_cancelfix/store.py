@@ -62,7 +62,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskStore
 from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 
-from a2a_cancelfix import _sdk
+from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._sdk import TERMINAL_STATES
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -103,6 +103,7 @@ class FinalStateTaskStore(TaskStore):
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
         stored = await self._write(task, context)
         if stored is not None:
+            _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
             # The same state again is routine: a replica records a cancel another one stored.
             logger.log(
                 logging.DEBUG if stored == task.status.state else logging.WARNING,

@@ -1,0 +1,138 @@
+"""What a cancel looks like to OpenTelemetry: the SDK's request spans, our steps on them, metrics.
+
+The handler's overrides carry the span the SDK's ``trace_class`` gives its own methods (same
+name, same kind, same status on error), so swapping the import changes no dashboard. What we
+add is named ``a2a_cancelfix.*``: attributes of the cancel, an event per lifecycle step, and
+metrics. All of it is off, and costs one attribute read, when OpenTelemetry is not installed
+or the SDK's switch ``OTEL_INSTRUMENTATION_A2A_SDK_ENABLED`` is not ``true``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from a2a.server.request_handlers import DefaultRequestHandlerV2
+from a2a.utils.telemetry import SpanKind, trace_function
+
+PREFIX = "a2a_cancelfix"
+F = TypeVar("F", bound=Callable[..., Any])
+
+try:
+    from opentelemetry import metrics, trace
+except ImportError:  # The SDK's telemetry extra is not installed.
+    ENABLED = False
+else:  # The SDK reads its switch the same way, once, at import.
+    ENABLED = os.getenv("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "true").lower() == "true"
+
+if ENABLED:
+    _meter = metrics.get_meter(PREFIX)
+    _tracer = trace.get_tracer(PREFIX)
+    _duration = _meter.create_histogram(
+        f"{PREFIX}.cancel.duration", unit="s", description="From a cancel's request to its answer"
+    )
+    _cancels = _meter.create_counter(
+        f"{PREFIX}.cancels", description="Cancels answered or refused, by path and outcome"
+    )
+    _grace_exhausted = _meter.create_counter(
+        f"{PREFIX}.cancel.grace_exhausted", description="Cancels that used up their grace period"
+    )
+    _saves_refused = _meter.create_counter(
+        f"{PREFIX}.saves_refused", description="Saves over a terminal state, refused by FinalStateTaskStore"
+    )
+    _remote_noticed = _meter.create_counter(
+        f"{PREFIX}.remote_cancels_noticed", description="Cancels recorded by another replica, noticed here"
+    )
+    _notice_latency = _meter.create_histogram(
+        f"{PREFIX}.remote_cancel.notice_latency",
+        unit="s",
+        description="From the CANCELED another replica stored to this replica noticing it",
+    )
+    _teardowns_forced = _meter.create_counter(
+        f"{PREFIX}.teardowns_forced", description="Runs that did not close after a cancel and were closed"
+    )
+
+
+def traced_as_sdk(method: F) -> F:
+    """Give an override of ours the span the SDK's handler gives its own method of that name."""
+    name = f"{DefaultRequestHandlerV2.__module__}.{DefaultRequestHandlerV2.__name__}.{method.__name__}"
+    return trace_function(span_name=name, kind=SpanKind.SERVER)(method)  # type: ignore[no-any-return]
+
+
+def current_span() -> Any:
+    """The span our steps go on now (None when off): a request's, or the run's."""
+    return trace.get_current_span() if ENABLED else None
+
+
+def step(span: Any, name: str, **attributes: Any) -> None:
+    """Record a lifecycle step as an event on ``span``.
+
+    A step after ``span`` ended (a run torn down behind the answer, a save refused once the
+    request returned) becomes a short span of its own, child of the span current here.
+    """
+    if span is None:
+        return
+    if span.is_recording():
+        span.add_event(f"{PREFIX}.{name}", attributes)
+    elif span.get_span_context().is_valid:
+        with _tracer.start_as_current_span(f"{PREFIX}.{name}", attributes=attributes) as late:
+            late.add_event(f"{PREFIX}.{name}", attributes)
+
+
+def cancel_answered(task_id: str, path: str, outcome: str, took: float, late: bool) -> None:
+    """The attributes of the request's cancel span, and the cancel metrics."""
+    if not ENABLED:
+        return
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(
+            {
+                f"{PREFIX}.task_id": task_id,
+                f"{PREFIX}.cancel.path": path,
+                f"{PREFIX}.cancel.outcome": outcome,
+                f"{PREFIX}.cancel.grace_exhausted": late,
+                f"{PREFIX}.cancel.duration_s": took,
+            }
+        )
+    kinds = {"path": path, "outcome": outcome}
+    _cancels.add(1, kinds)
+    _duration.record(took, kinds)
+    if late:
+        _grace_exhausted.add(1, kinds)
+
+
+def remote_cancel_span(task_id: str, stored_at: float | None) -> Any:
+    """Start the span of a cancel noticed from another replica (None when off).
+
+    ``stored_at``: when the other replica stored CANCELED (epoch seconds), if it says.
+    """
+    if not ENABLED:
+        return None
+    latency = None if stored_at is None else max(time.time() - stored_at, 0.0)
+    span = _tracer.start_span(f"{PREFIX}.remote_cancel", attributes={f"{PREFIX}.task_id": task_id})
+    step(span, "remote_cancel_noticed", **({} if latency is None else {"latency_s": latency}))
+    _remote_noticed.add(1)
+    if latency is not None:
+        _notice_latency.record(latency)
+    return span
+
+
+def end(span: Any) -> None:
+    if span is not None:
+        span.end()
+
+
+def save_refused(task_id: str, stored: str, refused: str) -> None:
+    if not ENABLED:
+        return
+    step(trace.get_current_span(), "save_refused", task_id=task_id, stored=stored, refused=refused)
+    _saves_refused.add(1, {"stored": stored, "refused": refused})
+
+
+def teardown_forced(task_id: str) -> None:
+    if not ENABLED:
+        return
+    step(trace.get_current_span(), "teardown_forced", task_id=task_id)
+    _teardowns_forced.add(1)
