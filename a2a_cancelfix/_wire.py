@@ -1,6 +1,6 @@
-"""A handler as clients meet it: the SDK's own JSON-RPC app behind uvicorn (or the SDK's gRPC
-servicer, or its REST routes) on 127.0.0.1, on a port of its own, in the caller's event loop; and the SDK's own
-client to call it.
+"""A handler as clients meet it: the SDK's own JSON-RPC (or REST) app behind uvicorn, or the
+SDK's gRPC servicer, on 127.0.0.1, on a port of its own, in the caller's event loop; and the
+SDK's own client to call it.
 
 The scenarios run in the same event loop as the server, so their gates stay reachable, while
 every request still crosses a real socket, the transport's framing and the SDK's dispatcher.

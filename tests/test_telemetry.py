@@ -101,8 +101,11 @@ def recorder() -> Recorder:
     return _recorder
 
 
+Scenario = Callable[[Bench], Awaitable[str]]
+
+
 async def recorded(
-    recorder: Recorder, kind: str, transport: str, scenario: Callable[[Bench], Awaitable[str]]
+    recorder: Recorder, kind: str, transport: str, scenario: Scenario
 ) -> tuple[str, list[ReadableSpan], dict[str, Any]]:
     """Run ``scenario`` on ``kind``'s handler over ``transport``; what it answered, its spans
     and metrics, once its servers are stopped."""
@@ -130,6 +133,12 @@ def lineage(span: ReadableSpan, spans: list[ReadableSpan]) -> list[tuple[str, An
         chain.append((span.name, span.kind))
         span = by_id.get(span.parent.span_id) if span.parent else None
     return chain[::-1]
+
+
+async def stock_lineage(recorder: Recorder, transport: str, scenario: Scenario) -> Any:
+    """The lineage of the stock handler's cancel span in ``scenario``."""
+    _, spans, _ = await recorded(recorder, "stock", transport, scenario)
+    return lineage(the(spans, f"{SDK_SPAN}.on_cancel_task"), spans)
 
 
 def steps(span: ReadableSpan) -> list[str]:
@@ -217,11 +226,12 @@ async def test_a_cancel_keeps_the_span_the_sdk_gives_it(recorder: Recorder, tran
 @pytest.mark.asyncio
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_local_cancel_shows_its_steps_in_order(recorder: Recorder, transport: str) -> None:
-    """Mid-run: the cancel span says the path and outcome, has one event per lifecycle step,
-    and is the parent of the SDK's queue spans of the CANCELED it published."""
+    """Mid-run: the cancel span, placed as stock places it, says the path and outcome, has one
+    event per lifecycle step, and is the parent of the SDK's queue spans of its CANCELED."""
     outcome, spans, counts = await recorded(recorder, "ours", transport, local)
     assert outcome == "CANCELED"
     span = the(spans, f"{SDK_SPAN}.on_cancel_task")
+    assert lineage(span, spans) == await stock_lineage(recorder, transport, local)
     attributes = ours(span)
     assert (attributes["cancel.path"], attributes["cancel.outcome"]) == ("live", "CANCELED")
     assert attributes["cancel.grace_exhausted"] is False and attributes["cancel.duration_s"] > 0
@@ -237,10 +247,12 @@ async def test_a_local_cancel_shows_its_steps_in_order(recorder: Recorder, trans
 
 
 @pytest.mark.asyncio
-async def test_a_parked_cancel_has_no_work_to_stop(recorder: Recorder) -> None:
-    outcome, spans, counts = await recorded(recorder, "ours", "jsonrpc", parked)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_parked_cancel_has_no_work_to_stop(recorder: Recorder, transport: str) -> None:
+    outcome, spans, counts = await recorded(recorder, "ours", transport, parked)
     assert outcome == "CANCELED"
     span = the(spans, f"{SDK_SPAN}.on_cancel_task")
+    assert lineage(span, spans) == await stock_lineage(recorder, transport, parked)
     assert ours(span)["cancel.path"] == "parked"
     assert steps(span) == ["callbacks_fired", "cancel_returned", "terminal_published"]
     assert counts["a2a_cancelfix.cancels"] == {frozenset({("path", "parked"), ("outcome", "CANCELED")}): 1}
@@ -311,10 +323,11 @@ async def test_a_message_to_a_finished_task_has_the_sdk_span(recorder: Recorder,
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("transport", ("jsonrpc", "grpc"))
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_remote_cancel_is_noticed_in_a_span_of_its_own(recorder: Recorder, transport: str) -> None:
     """B's cancel span says the task was not live there; A's notice has a span with the
-    lifecycle's steps, and the metrics count the notice and its latency."""
+    lifecycle's steps, and the metrics count the notice and its latency. (Stock's cancel of a
+    task not live here hangs up to 1.1.5: its span is compared on an unknown id above.)"""
     outcome, spans, counts = await recorded(recorder, "ours", transport, remote)
     assert outcome == "CANCELED, A's stream ends CANCELED"
     asked = the(spans, f"{SDK_SPAN}.on_cancel_task")
