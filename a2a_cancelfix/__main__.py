@@ -28,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # The scenarios provoke misbehaving executors on purpose: keep their log lines quiet.
     logging.basicConfig(level=logging.CRITICAL)
-    from a2a_cancelfix import check as scenarios
+    from a2a_cancelfix import check as report
 
-    rows = scenarios.run_all()
-    print(scenarios.as_json(rows) if arguments.json else scenarios.render(rows))
+    rows = report.run_all()
+    print(report.as_json(rows) if arguments.json else report.render(rows))
     return 0 if all(row.holds for row in rows) else 1
 
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 
 from _common import clock, header, in_processes, percentile, ratio
-from a2a_cancelfix.check import GRACE, ScriptedExecutor, cancel, make_server, start
+from a2a_cancelfix.testing import GRACE, ScriptedExecutor, cancel, make_server, start
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
 

@@ -14,7 +14,7 @@ import statistics
 from a2a.types import SendMessageRequest
 
 from _common import QuickExecutor, clock, header, in_processes, interleaved
-from a2a_cancelfix.check import caller, make_server, message
+from a2a_cancelfix.testing import caller, make_server, message
 
 
 def measure(messages: int, streaming: bool):

@@ -8,7 +8,9 @@ import gc
 import tracemalloc
 
 from _common import clock, header, ratio
-from a2a_cancelfix.check import FleetExecutor, cancel, make_server, start_fleet
+from a2a_cancelfix.testing import cancel, make_server
+from a2a_cancelfix.testing.executors import FleetExecutor
+from a2a_cancelfix.testing.servers import start_fleet
 
 
 async def cancel_all(kind: str, count: int, traced: bool) -> tuple[float, float, dict[str, int]]:

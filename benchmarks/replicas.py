@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from _common import clock, header, percentile, run
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
-from a2a_cancelfix.check import ScriptedExecutor, cancel, make_server, start
+from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server, start
 
 STEP = 0.005  # seconds of work between two checkpoints
 

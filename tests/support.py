@@ -1,4 +1,4 @@
-"""Bounded waits the tests share, beyond a2a_cancelfix.check's (Gate, within, Changes,
+"""Bounded waits the tests share, beyond a2a_cancelfix.testing's (Gate, within, Changes,
 wait_all_tasks_blocked)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from a2a_cancelfix.check import BOUND, wait_all_tasks_blocked, within
+from a2a_cancelfix.testing import BOUND, wait_all_tasks_blocked, within
 
 
 async def eventually(condition: Callable[[], object], seconds: float = BOUND) -> None:

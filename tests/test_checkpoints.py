@@ -23,7 +23,7 @@ from a2a_cancelfix import (
     on_cancel,
     shielded,
 )
-from a2a_cancelfix.check import (
+from a2a_cancelfix.testing import (
     BOUND,
     GRACE,
     Gate,

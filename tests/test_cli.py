@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 
 from a2a_cancelfix import __main__ as cli
-from a2a_cancelfix import check
+from a2a_cancelfix import scenarios
 
 
 @pytest.fixture
 def two_scenarios(monkeypatch):
     """Run a short list of scenarios, so the command's wiring is tested quickly."""
-    chosen = tuple(s for s in check.SCENARIOS if s.name in ("mid-run, cancel() empty", "cancel() hangs"))
-    monkeypatch.setattr(check, "SCENARIOS", chosen)
+    chosen = tuple(s for s in scenarios.SCENARIOS if s.name in ("mid-run, cancel() empty", "cancel() hangs"))
+    monkeypatch.setattr(scenarios, "SCENARIOS", chosen)
     return chosen
 
 
@@ -40,7 +40,7 @@ def test_check_table_ends_with_the_verdict(two_scenarios, capsys) -> None:
 def test_check_fails_when_a_scenario_does_not_hold(two_scenarios, monkeypatch, capsys) -> None:
     """If our handler misses a scenario, the command says so and exits non-zero."""
     broken = (replace(two_scenarios[0], expected="something else"),)
-    monkeypatch.setattr(check, "SCENARIOS", broken)
+    monkeypatch.setattr(scenarios, "SCENARIOS", broken)
     assert cli.main(["check"]) == 1
     assert "does NOT fix every scenario" in capsys.readouterr().out
 
@@ -55,8 +55,8 @@ def test_runs_as_a_module() -> None:
 
 def test_check_says_when_the_package_can_go(monkeypatch, capsys) -> None:
     """When the stock handler passes every scenario, the verdict says to remove the package."""
-    fine = tuple(s for s in check.SCENARIOS if s.name == "cancel() publishes CANCELED")
-    monkeypatch.setattr(check, "SCENARIOS", fine)
+    fine = tuple(s for s in scenarios.SCENARIOS if s.name == "cancel() publishes CANCELED")
+    monkeypatch.setattr(scenarios, "SCENARIOS", fine)
     assert cli.main(["check"]) == 0
     assert "you can remove a2a-cancelfix" in capsys.readouterr().out.strip().splitlines()[-1]
 
@@ -65,9 +65,9 @@ def test_a_transport_not_installed_is_named_and_keeps_the_package(monkeypatch, c
     """Without the packages for a scenario's transport, its row says NOT RUN and what to install,
     and the verdict does not tell the user to remove the package on the rows that did run."""
     chosen = ("cancel() publishes CANCELED", "client leaves mid-cancel, gRPC")
-    monkeypatch.setattr(check, "SCENARIOS", tuple(s for s in check.SCENARIOS if s.name in chosen))
+    monkeypatch.setattr(scenarios, "SCENARIOS", tuple(s for s in scenarios.SCENARIOS if s.name in chosen))
     hint = "pip install 'a2a-sdk[grpc]'"
-    monkeypatch.setattr(check._wire, "missing", lambda transport: hint if transport == "grpc" else None)
+    monkeypatch.setattr(scenarios._wire, "missing", lambda transport: hint if transport == "grpc" else None)
     assert cli.main(["check"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     grpc_row = next(line for line in lines if line.startswith("client leaves mid-cancel, gRPC"))

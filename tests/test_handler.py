@@ -16,7 +16,7 @@ from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, _sdk
 from a2a_cancelfix import lifecycle as lifecycle_module
-from a2a_cancelfix.check import (
+from a2a_cancelfix.testing import (
     GRACE,
     Gate,
     ScriptedExecutor,

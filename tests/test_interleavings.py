@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.check import (
+from a2a_cancelfix.testing import (
     ScriptedExecutor,
     Stream,
     caller,

@@ -22,7 +22,8 @@ from a2a.types import (
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 
 from a2a_cancelfix import CancellableExecutor, FinalStateTaskStore, _sdk, cancellable, on_cancel
-from a2a_cancelfix.check import (
+from a2a_cancelfix.lifecycle import MARGIN
+from a2a_cancelfix.testing import (
     GRACE,
     Gate,
     ScriptedExecutor,
@@ -37,7 +38,6 @@ from a2a_cancelfix.check import (
     wait_all_tasks_blocked,
     within,
 )
-from a2a_cancelfix.lifecycle import MARGIN
 
 from .expected import COLUMNS, column
 from .support import eventually

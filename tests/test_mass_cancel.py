@@ -8,8 +8,10 @@ import pytest
 from a2a.server.agent_execution.active_task import ActiveTask
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.check import FleetExecutor, caller, cancel, make_server, start_fleet, within
 from a2a_cancelfix.checkpoints import Run
+from a2a_cancelfix.testing import caller, cancel, make_server, within
+from a2a_cancelfix.testing.executors import FleetExecutor
+from a2a_cancelfix.testing.servers import start_fleet
 
 from .support import eventually, tasks_since
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from a2a_cancelfix.check import SCENARIOS
+from a2a_cancelfix.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, WRAPPED
 

@@ -13,7 +13,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
 
 from a2a_cancelfix import FinalStateTaskStore, checkpoint
-from a2a_cancelfix.check import Changes, ScriptedExecutor, cancel, make_server, start, stored, within
+from a2a_cancelfix.testing import Changes, ScriptedExecutor, cancel, make_server, start, stored, within
 
 SLICE = 0.001
 """Seconds of work between two checkpoints."""

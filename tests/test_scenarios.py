@@ -2,7 +2,8 @@
 
 import pytest
 
-from a2a_cancelfix.check import IN_PROCESS, SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.scenarios import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.testing import IN_PROCESS
 
 from .expected import COLUMNS, STOCK, STOCK_IN_PROCESS, WRAPPED, column
 

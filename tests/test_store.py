@@ -40,8 +40,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from a2a_cancelfix._sdk import TERMINAL_STATES
-from a2a_cancelfix.check import caller
 from a2a_cancelfix.store import FinalStateTaskStore
+from a2a_cancelfix.testing import caller
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"

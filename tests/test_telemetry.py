@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from a2a_cancelfix import FinalStateTaskStore, handler
-from a2a_cancelfix.check import Bench, ScriptedExecutor, _outcome, cancel, message, start, within
+from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
 
 from .support import logged
 
@@ -186,7 +186,7 @@ async def message_to_finished(bench: Bench) -> str:
     server.executor.step.open()
     await stream.ended()
     request = SendMessageRequest(message=message(task_id=server.executor.task_id or ""))
-    return await _outcome(server.calls.send(request, "alice"))
+    return await outcome(server.calls.send(request, "alice"))
 
 
 async def remote(bench: Bench) -> str:
@@ -390,7 +390,7 @@ else:
     tracing.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(tracing)
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-from a2a_cancelfix.check import Bench, ScriptedExecutor, cancel, start
+from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, start
 
 async def main():
     async with Bench("ours", "in-process") as bench:

@@ -11,7 +11,7 @@ from typing import Any
 from a2a.client import Client
 from a2a.types import SendMessageConfiguration, SendMessageRequest, TaskPushNotificationConfig
 
-from a2a_cancelfix.check import BOUND, ScriptedExecutor, Stream, message, within
+from a2a_cancelfix.testing import BOUND, ScriptedExecutor, Stream, message, within
 
 from .clients import connect, payloads
 from .servers import Agent, PushReceiver, serve_agent, serve_push_receiver

@@ -37,12 +37,12 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from a2a_cancelfix import DefaultRequestHandler
 from a2a_cancelfix._wire import agent_card, bearer_names, free_socket, uvicorn_serving
-from a2a_cancelfix.check import Changes, ScriptedExecutor
+from a2a_cancelfix.testing import Changes, ScriptedExecutor
 
 TRANSPORTS = ("jsonrpc", "rest", "grpc")
 GRACE = 0.5
 """Our handler's grace period: far more than these executors take to wind down, and with the
-handler's one-second margin still inside the bound of every wait (``check.BOUND``, 2.5 s)."""
+handler's one-second margin still inside the bound of every wait (``testing.BOUND``, 2.5 s)."""
 
 
 @dataclass

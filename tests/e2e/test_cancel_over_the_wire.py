@@ -16,7 +16,7 @@ from a2a.types import (
 )
 
 from a2a_cancelfix._sdk import SDK_VERSION
-from a2a_cancelfix.check import ScriptedExecutor, Stream, state_of, wait_all_tasks_blocked, within
+from a2a_cancelfix.testing import ScriptedExecutor, Stream, state_of, wait_all_tasks_blocked, within
 
 from .clients import raw_cancel
 from .harness import Wire

@@ -1,0 +1,60 @@
+"""The kit for testing how an executor behaves when its task is cancelled.
+
+For now it holds the building blocks; a ``sweep`` built from them is to come.
+
+* Waits that fail fast instead of hanging (``within``, ``Changes``, ``wait_all_tasks_blocked``,
+  all bounded by ``BOUND``) and a ``Gate`` that holds the code under test at a known point.
+* A ``ScriptedExecutor``, an agent whose steps and whose answer to a cancel the test scripts.
+* Servers around it (``make_server``, or a ``Bench`` that serves them over a real socket): the
+  SDK's handler, the SDK's handler around a ``CancellableExecutor``, or ours.
+* What a client sees: ``start`` a task, ``cancel`` it, read it back (``stored``); a ``Stream``
+  records a task's events, a ``PushReceiver`` the notifications its push configs are sent.
+
+``a2a-cancelfix check`` and this package's own tests and benchmarks are built from it.
+"""
+
+from a2a_cancelfix.testing.executors import ScriptedExecutor
+from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
+from a2a_cancelfix.testing.servers import (
+    GRACE,
+    IN_PROCESS,
+    Bench,
+    Calls,
+    NamedUser,
+    Server,
+    caller,
+    cancel,
+    make_server,
+    message,
+    outcome,
+    reached_step,
+    start,
+    stored,
+)
+from a2a_cancelfix.testing.waits import BOUND, Changes, Gate, wait_all_tasks_blocked, within
+
+__all__ = [
+    "BOUND",
+    "GRACE",
+    "IN_PROCESS",
+    "Bench",
+    "Calls",
+    "Changes",
+    "Gate",
+    "NamedUser",
+    "PushReceiver",
+    "ScriptedExecutor",
+    "Server",
+    "Stream",
+    "caller",
+    "cancel",
+    "make_server",
+    "message",
+    "outcome",
+    "reached_step",
+    "start",
+    "state_of",
+    "stored",
+    "wait_all_tasks_blocked",
+    "within",
+]

@@ -1,0 +1,94 @@
+"""Recorders of what a task's observers see: the events of a stream, the posts to a push config."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from a2a.types import Task, TaskState, TaskStatusUpdateEvent
+
+from a2a_cancelfix.testing.waits import BOUND, Changes
+
+
+class PushReceiver:
+    """Records what the SDK's push sender posts, per push-config URL."""
+
+    def __init__(self) -> None:
+        self.received: dict[str, list[str]] = {}
+        self.client = httpx.AsyncClient(transport=httpx.MockTransport(self._receive))
+
+    def _receive(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        state = _find_state(body)
+        self.received.setdefault(str(request.url), []).append(state or "?")
+        return httpx.Response(200)
+
+
+def _find_state(body: Any) -> str | None:
+    """The task state named anywhere in a push payload."""
+    if isinstance(body, dict):
+        for key, value in body.items():
+            if key == "state" and isinstance(value, str):
+                return value.removeprefix("TASK_STATE_")
+            found = _find_state(value)
+            if found:
+                return found
+    if isinstance(body, list):
+        for value in body:
+            found = _find_state(value)
+            if found:
+                return found
+    return None
+
+
+class Stream:
+    """Drain a handler's event stream in the background; remember every event."""
+
+    def __init__(
+        self, events: AsyncIterator[Any], on_event: Callable[[Any], None] | None = None
+    ) -> None:
+        self.events: list[Any] = []
+        self.error: BaseException | None = None
+        self._on_event = on_event
+        self.changes = Changes()  # At each event, and when the stream ends.
+        self.task = asyncio.ensure_future(self._drain(events))
+        self.task.add_done_callback(lambda _: self.changes.notify())
+
+    async def _drain(self, events: AsyncIterator[Any]) -> None:
+        try:
+            async for event in events:
+                self.events.append(event)
+                self.changes.notify()
+                if self._on_event is not None:
+                    self._on_event(event)
+        except Exception as error:  # The stream's outcome, reported by ``last``.
+            self.error = error
+
+    async def ended(self, seconds: float = BOUND) -> bool:
+        """Wait up to ``seconds`` for the stream to end; whether it has."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.task), seconds)
+        return self.task.done()
+
+    async def until(self, condition: Callable[[], object], seconds: float = BOUND) -> None:
+        """Wait until ``condition()`` holds, checked at each event and at the stream's end."""
+        await self.changes.until(condition, seconds)
+
+    @property
+    def last(self) -> str:
+        """The last task state the stream showed, the name of the error it ended with, or "nothing"."""
+        if self.error is not None:
+            return type(self.error).__name__
+        states = [state_of(event) for event in self.events if state_of(event)]
+        return states[-1] if states else "nothing"
+
+
+def state_of(event: Any) -> str | None:
+    """The state a Task or status update shows, without its ``TASK_STATE_`` prefix; None for other events."""
+    if isinstance(event, (Task, TaskStatusUpdateEvent)):
+        return TaskState.Name(event.status.state).removeprefix("TASK_STATE_")
+    return None

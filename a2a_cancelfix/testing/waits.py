@@ -1,0 +1,102 @@
+"""Bounded waits: gates that hold the code under test at a known point, and waits that fail fast."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+BOUND = 2.5
+"""The default bound of every wait, in seconds; a scenario still running after it is reported as HANG."""
+
+
+class Gate:
+    """Park the code under test at a known point until the test opens it.
+
+    Await the gate where the code should stop; ``reached`` is set once it is there.
+    """
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self._open = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.reached.set()
+        await self._open.wait()
+
+    def open(self) -> None:
+        """Let whoever waits at the gate, and whoever comes to it later, go on."""
+        self._open.set()
+
+
+async def within(awaitable: Awaitable[Any], seconds: float = BOUND) -> Any:
+    """Fail fast instead of hanging when a bug keeps something waiting forever."""
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+class Changes:
+    """Wakes whoever waits for a condition on something each time that something changes.
+
+    The code that changes it calls ``notify()``; a waiter re-checks its condition then, and
+    only then, instead of polling it.
+    """
+
+    def __init__(self) -> None:
+        self._changed: asyncio.Event | None = None  # Made by the first waiter: notify() is free.
+
+    def notify(self) -> None:
+        """Say that something changed: every waiter re-checks its condition."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def until(self, condition: Callable[[], object], seconds: float = BOUND) -> None:
+        """Wait until ``condition()`` (a value or an awaitable) holds, checked at once and at
+        each change; fail fast after ``seconds``."""
+
+        async def waiting() -> None:
+            while True:
+                changed = self._changed = self._changed or asyncio.Event()
+                if await _holds(condition):
+                    return
+                await changed.wait()
+
+        await within(waiting(), seconds)
+
+
+async def wait_all_tasks_blocked(seconds: float = BOUND) -> None:
+    """Wait until every other task waits on something not yet done and no callback is due.
+
+    Then everything the code under test can do on its own has been done: what is left waits
+    for a timer, a thread or the network. For checking that something did *not* happen, and
+    for what the code does asynchronously that no event announces. Fails fast after
+    ``seconds`` if the loop never gets there (a task that never blocks).
+    """
+    await within(_all_tasks_blocked(), seconds)
+
+
+async def _holds(condition: Callable[[], object]) -> bool:
+    value = condition()
+    return bool(await value) if inspect.isawaitable(value) else bool(value)
+
+
+async def _all_tasks_blocked() -> None:
+    while True:
+        # One turn of the loop, which also polls for I/O: the other tasks run until they block.
+        await asyncio.sleep(0)
+        if _others_blocked():
+            return
+
+
+def _others_blocked() -> bool:
+    """Whether no callback is due and every other task waits on a future not yet done."""
+    loop = asyncio.get_running_loop()
+    if getattr(loop, "_ready", None):  # asyncio's own loop: callbacks due this turn or the next.
+        return False
+    this = asyncio.current_task()
+    for task in asyncio.all_tasks(loop):
+        waiter = getattr(task, "_fut_waiter", None)  # What the task awaits (None: runnable).
+        if task is not this and (waiter is None or waiter.done()):
+            return False
+    return True
