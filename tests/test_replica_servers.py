@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -19,12 +18,8 @@ import httpx
 import pytest
 import pytest_asyncio
 from a2a.server.tasks import DatabaseTaskStore
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from a2a_cancelfix._wire import uvicorn_serving
+from a2a_cancelfix.testing import PushReceiver
 
 from .test_store import open_database
 
@@ -61,22 +56,6 @@ class Replica:
             await asyncio.wait_for(self.process.wait(), 10)
 
 
-class PushReceiver:
-    """A small Starlette app on 127.0.0.1 that records the states pushed to it."""
-
-    def __init__(self) -> None:
-        self.states: list[str] = []
-        self.canceled = asyncio.Event()
-
-    async def receive(self, request: Request) -> Response:
-        body = json.loads(await request.body())
-        state = json.dumps(body).split('"state": "', 1)[-1].split('"', 1)[0]
-        self.states.append(state)
-        if state == "TASK_STATE_CANCELED":
-            self.canceled.set()
-        return Response(status_code=200)
-
-
 @pytest_asyncio.fixture(params=["sqlite", "postgresql"])
 async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, str | None]]:
     async with open_database(request.param, tmp_path) as opened:
@@ -97,16 +76,6 @@ async def replicas(database: tuple[str, str | None], count: int) -> AsyncIterato
         yield started
     finally:
         await asyncio.gather(*(replica.stop() for replica in started))
-
-
-@contextlib.asynccontextmanager
-async def push_receiver() -> AsyncIterator[tuple[PushReceiver, str]]:
-    receiver = PushReceiver()
-    app = Starlette(routes=[Route("/push", receiver.receive, methods=["POST"])])
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    async with uvicorn_serving(app, listener, shutdown_seconds=10, log_level="warning"):
-        yield receiver, f"http://127.0.0.1:{listener.getsockname()[1]}/push"
 
 
 class Stream:
@@ -149,7 +118,8 @@ async def rest(client: httpx.AsyncClient, method: str, url: str) -> tuple[int, d
 @pytest.mark.asyncio
 async def test_cancel_through_another_replica_reaches_the_running_one(database) -> None:
     """B cancels A's task: every replica and the store say CANCELED, A's run stops and tells its stream and push."""
-    async with replicas(database, 3) as (a, b, c), push_receiver() as (pushed, push_url):
+    async with replicas(database, 3) as (a, b, c), PushReceiver().serving(shutdown_seconds=10) as pushed:
+        push_url = pushed.url + "push"
         async with httpx.AsyncClient(timeout=BOUND) as client:
             stream = Stream(client, a.url, push_url)
             await asyncio.wait_for(stream.working.wait(), BOUND)
@@ -158,7 +128,7 @@ async def test_cancel_through_another_replica_reaches_the_running_one(database) 
 
             await asyncio.wait_for(stream.task, BOUND)  # A's stream ends ...
             assert stream.states[-1] == "TASK_STATE_CANCELED"  # ... on CANCELED.
-            await asyncio.wait_for(pushed.canceled.wait(), BOUND)
+            await pushed.posted(push_url, "CANCELED", BOUND)
             for replica in (a, b, c):
                 status, task = await rest(client, "GET", f"{replica.url}/rest/tasks/{stream.task_id}")
                 assert status == 200 and task["status"]["state"] == "TASK_STATE_CANCELED"

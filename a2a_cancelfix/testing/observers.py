@@ -11,21 +11,61 @@ from typing import Any
 import httpx
 from a2a.types import Task, TaskState, TaskStatusUpdateEvent
 
+from a2a_cancelfix import _wire
 from a2a_cancelfix.testing.waits import BOUND, Changes
 
 
 class PushReceiver:
-    """Records what the SDK's push sender posts, per push-config URL."""
+    """Record the task state of every push notification posted to it, per URL posted to.
+
+    Receive in process by handing ``client`` (an httpx client whose transport is this
+    receiver) to the SDK's push sender; or, from a server's own client or another process,
+    over a real socket while ``serving()``.
+    """
 
     def __init__(self) -> None:
         self.received: dict[str, list[str]] = {}
+        """The states posted to each URL, in order, without ``TASK_STATE_`` ("?" where none)."""
+        self.url = ""
+        """While ``serving()``: ``http://127.0.0.1:<port>/``, which a push config's URL extends."""
+        self.changes = Changes()  # At each post.
         self.client = httpx.AsyncClient(transport=httpx.MockTransport(self._receive))
 
     def _receive(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content or b"{}")
-        state = _find_state(body)
-        self.received.setdefault(str(request.url), []).append(state or "?")
+        self._record(str(request.url), request.content)
         return httpx.Response(200)
+
+    def _record(self, url: str, content: bytes) -> None:
+        state = _find_state(json.loads(content or b"{}"))
+        self.received.setdefault(url, []).append(state or "?")
+        self.changes.notify()
+
+    async def posted(self, url: str, state: str, seconds: float = BOUND) -> None:
+        """Wait until a notification of ``state`` has been posted to ``url``; fail fast after
+        ``seconds``."""
+        await self.changes.until(lambda: state in self.received.get(url, ()), seconds)
+
+    @contextlib.asynccontextmanager
+    async def serving(self, **options: Any) -> AsyncIterator[PushReceiver]:
+        """Receive posts to ``url`` and any path below it on 127.0.0.1 until the block exits.
+
+        ``options`` go to ``_wire.uvicorn_serving``.
+        """
+        # As in _wire, the HTTP server's packages are needed only once something is served.
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        async def receive(request: Request) -> Response:
+            self._record(str(request.url), await request.body())
+            return Response(status_code=200)
+
+        listener = _wire.free_socket()
+        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+        app = Starlette(routes=[Route("/{path:path}", receive, methods=["POST"])])
+        async with _wire.uvicorn_serving(app, listener, **options):
+            yield self
 
 
 def _find_state(body: Any) -> str | None:

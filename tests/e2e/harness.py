@@ -11,10 +11,10 @@ from typing import Any
 from a2a.client import Client
 from a2a.types import SendMessageConfiguration, SendMessageRequest, TaskPushNotificationConfig
 
-from a2a_cancelfix.testing import BOUND, ScriptedExecutor, Stream, message, within
+from a2a_cancelfix.testing import BOUND, PushReceiver, ScriptedExecutor, Stream, message, within
 
 from .clients import connect, payloads
-from .servers import Agent, PushReceiver, serve_agent, serve_push_receiver
+from .servers import Agent, serve_agent
 
 
 class Wire:
@@ -40,7 +40,8 @@ class Wire:
         return await self._resources.enter_async_context(connect(agent, user))
 
     async def push_receiver(self) -> PushReceiver:
-        return await self._resources.enter_async_context(serve_push_receiver())
+        """A push receiver on 127.0.0.1, for the servers' push configs to post to."""
+        return await self._resources.enter_async_context(PushReceiver().serving())
 
     def watch(self, responses: AsyncIterator[Any]) -> Stream:
         """Drain a client's event stream in the background."""

@@ -5,13 +5,11 @@ Server-side differences between a2a-sdk releases are kept in this module.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
-import json
 import socket
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -30,9 +28,6 @@ from a2a.types import AgentCard, a2a_pb2_grpc
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from a2a_cancelfix import DefaultRequestHandler
@@ -163,36 +158,3 @@ async def serve_grpc(
         yield (lambda: frozenset(servicer.cancels_in_progress)), servicer.changes
     finally:
         await server.stop(None)
-
-
-@dataclass
-class PushReceiver:
-    """A webhook that records, per push config, the task state of every notification."""
-
-    url: str = ""
-    """Base URL; push config ``name`` posts to ``url + name``."""
-    states: dict[str, list[str]] = field(default_factory=dict)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    async def receive(self, request: Request) -> Response:
-        body = json.loads(await request.body())
-        payload = body.get("statusUpdate") or body.get("task") or {}
-        state = payload.get("status", {}).get("state", "?").removeprefix("TASK_STATE_")
-        async with self.changed:
-            self.states.setdefault(request.path_params["config"], []).append(state)
-            self.changed.notify_all()
-        return Response(status_code=200)
-
-    async def received(self, config: str, state: str) -> None:
-        """Wait until push config ``config`` has been notified of ``state``."""
-        async with self.changed:
-            await self.changed.wait_for(lambda: state in self.states.get(config, []))
-
-
-@contextlib.asynccontextmanager
-async def serve_push_receiver() -> AsyncIterator[PushReceiver]:
-    listener = free_socket()
-    receiver = PushReceiver(url=f"http://127.0.0.1:{listener.getsockname()[1]}/")
-    app = Starlette(routes=[Route("/{config}", receiver.receive, methods=["POST"])])
-    async with uvicorn_serving(app, listener):
-        yield receiver

@@ -154,8 +154,8 @@ async def test_push_configs_receive_canceled(wire: Wire) -> None:
 
     await within(client.cancel_task(CancelTaskRequest(id=task_id)))
 
-    await within(receiver.received("in-request", "CANCELED"))
-    await within(receiver.received("created", "CANCELED"))
+    await receiver.posted(receiver.url + "in-request", "CANCELED")
+    await receiver.posted(receiver.url + "created", "CANCELED")
 
 
 @pytest.mark.asyncio
