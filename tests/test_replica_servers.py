@@ -13,13 +13,16 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 from a2a.server.tasks import DatabaseTaskStore
+from a2a.types import StreamResponse
+from google.protobuf import json_format
 
-from a2a_cancelfix.testing import PushReceiver
+from a2a_cancelfix.testing import PushReceiver, Stream
 
 from .test_store import open_database
 
@@ -78,36 +81,30 @@ async def replicas(database: tuple[str, str | None], count: int) -> AsyncIterato
         await asyncio.gather(*(replica.stop() for replica in started))
 
 
-class Stream:
-    """A streaming SendMessage over JSON-RPC, read in the background."""
+async def send_streaming(client: httpx.AsyncClient, url: str, push_url: str | None) -> AsyncIterator[Any]:
+    """A streaming SendMessage over JSON-RPC, as plain HTTP: the Task and updates it streams."""
+    configuration = {"taskPushNotificationConfig": {"url": push_url, "id": "p1"}} if push_url else {}
+    request = {
+        "jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {
+            "message": {"role": "ROLE_USER", "messageId": uuid.uuid4().hex, "parts": [{"text": "go"}]},
+            "configuration": configuration,
+        },
+    }
+    async with client.stream("POST", url + "/", json=request, headers=HEADERS) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = StreamResponse()
+            json_format.ParseDict(json.loads(line[5:])["result"], event, ignore_unknown_fields=True)
+            yield getattr(event, event.WhichOneof("payload"))
 
-    def __init__(self, client: httpx.AsyncClient, url: str, push_url: str | None) -> None:
-        self.states: list[str] = []
-        self.task_id: str | None = None
-        self.working = asyncio.Event()
-        configuration = {"taskPushNotificationConfig": {"url": push_url, "id": "p1"}} if push_url else {}
-        self.request = {
-            "jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
-            "params": {
-                "message": {"role": "ROLE_USER", "messageId": uuid.uuid4().hex, "parts": [{"text": "go"}]},
-                "configuration": configuration,
-            },
-        }
-        self.task = asyncio.ensure_future(self._read(client, url))
 
-    async def _read(self, client: httpx.AsyncClient, url: str) -> None:
-        async with client.stream("POST", url + "/", json=self.request, headers=HEADERS) as response:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                result = json.loads(line[5:])["result"]
-                body = result.get("task") or result.get("statusUpdate") or {}
-                self.task_id = self.task_id or body.get("id") or body.get("taskId")
-                state = body.get("status", {}).get("state")
-                if state:
-                    self.states.append(state)
-                if state == "TASK_STATE_WORKING":
-                    self.working.set()
+async def working(client: httpx.AsyncClient, url: str, push_url: str | None) -> tuple[Stream, str]:
+    """Stream a message to the replica at ``url``; return once its run is WORKING, with the task's id."""
+    stream = Stream(send_streaming(client, url, push_url))
+    await stream.until(lambda: stream.last == "WORKING", BOUND)
+    return stream, stream.events[0].id
 
 
 async def rest(client: httpx.AsyncClient, method: str, url: str) -> tuple[int, dict]:
@@ -121,19 +118,18 @@ async def test_cancel_through_another_replica_reaches_the_running_one(database) 
     async with replicas(database, 3) as (a, b, c), PushReceiver().serving(shutdown_seconds=10) as pushed:
         push_url = pushed.url + "push"
         async with httpx.AsyncClient(timeout=BOUND) as client:
-            stream = Stream(client, a.url, push_url)
-            await asyncio.wait_for(stream.working.wait(), BOUND)
-            status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{stream.task_id}:cancel")
+            stream, task_id = await working(client, a.url, push_url)
+            status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
             assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
 
-            await asyncio.wait_for(stream.task, BOUND)  # A's stream ends ...
-            assert stream.states[-1] == "TASK_STATE_CANCELED"  # ... on CANCELED.
+            assert await stream.ended(BOUND)  # A's stream ends ...
+            assert stream.last == "CANCELED"  # ... on CANCELED.
             await pushed.posted(push_url, "CANCELED", BOUND)
             for replica in (a, b, c):
-                status, task = await rest(client, "GET", f"{replica.url}/rest/tasks/{stream.task_id}")
+                status, task = await rest(client, "GET", f"{replica.url}/rest/tasks/{task_id}")
                 assert status == 200 and task["status"]["state"] == "TASK_STATE_CANCELED"
             _, debug = await rest(client, "GET", f"{a.url}/debug")
-            assert stream.task_id in debug["cancelled"] and stream.task_id in debug["stopped"]
+            assert task_id in debug["cancelled"] and task_id in debug["stopped"]
             assert (await rest(client, "GET", f"{b.url}/debug"))[1] == {"cancelled": [], "stopped": []}
 
 
@@ -142,12 +138,11 @@ async def test_a_second_cancel_anywhere_is_refused(database) -> None:
     """Once CANCELED is stored, a cancel through any replica is not cancelable: the state stays."""
     async with replicas(database, 2) as (a, b):
         async with httpx.AsyncClient(timeout=BOUND) as client:
-            stream = Stream(client, a.url, None)
-            await asyncio.wait_for(stream.working.wait(), BOUND)
-            first = await rest(client, "POST", f"{b.url}/rest/tasks/{stream.task_id}:cancel")
-            await asyncio.wait_for(stream.task, BOUND)
-            again_a = await rest(client, "POST", f"{a.url}/rest/tasks/{stream.task_id}:cancel")
-            again_b = await rest(client, "POST", f"{b.url}/rest/tasks/{stream.task_id}:cancel")
+            stream, task_id = await working(client, a.url, None)
+            first = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+            assert await stream.ended(BOUND) and stream.error is None
+            again_a = await rest(client, "POST", f"{a.url}/rest/tasks/{task_id}:cancel")
+            again_b = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
             assert first[0] == 200 and again_a[0] in (400, 409) and again_b[0] in (400, 409)
-            status, task = await rest(client, "GET", f"{a.url}/rest/tasks/{stream.task_id}")
+            status, task = await rest(client, "GET", f"{a.url}/rest/tasks/{task_id}")
             assert task["status"]["state"] == "TASK_STATE_CANCELED"

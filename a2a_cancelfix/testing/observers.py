@@ -86,7 +86,11 @@ def _find_state(body: Any) -> str | None:
 
 
 class Stream:
-    """Drain a handler's event stream in the background; remember every event."""
+    """Drain a stream of task events in the background; remember every event.
+
+    The events of a handler's stream, a client's, or any async iterator of Tasks and updates;
+    ``on_event`` is called with each as it comes.
+    """
 
     def __init__(
         self, events: AsyncIterator[Any], on_event: Callable[[Any], None] | None = None
