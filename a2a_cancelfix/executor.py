@@ -168,6 +168,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         stored_at = status.timestamp.ToMicroseconds() / 1e6 if status.HasField("timestamp") else None
         span = _telemetry.remote_cancel_span(stored.id, stored_at)
         cancellation = lifecycle.begin(stored.id, "canceled on another replica", span)
+        cancellation.recorded = True
         cancellation.signal(event_queue)  # Now, so that the checkpoint that found it raises.
         here = RequestContext(
             call_context=context.call_context, task_id=stored.id, context_id=stored.context_id, task=stored
@@ -185,7 +186,11 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     async def _self_work(self, run: Run, context: RequestContext, queue: EventQueue) -> None:
         token = enter_run(run)
         try:
-            await self.__wrapped__.execute(context, queue)
+            probe = self._self_lifecycle.probe
+            if probe is None:
+                await self.__wrapped__.execute(context, queue)
+            else:
+                await probe.drive(self.__wrapped__.execute, context, queue, run)
         finally:
             leave_run(token)
 

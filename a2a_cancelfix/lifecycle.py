@@ -188,6 +188,9 @@ class Cancellation:
         self.step = Step.REQUESTED
         self.work = lifecycle.works.get(task_id)
         self.failure: BaseException | None = None  # What the executor's cancel() raised.
+        # The store holds CANCELED already (another replica recorded it): that is how the
+        # task ends, even if cancel() raises here.
+        self.recorded = False
         self.callers: list[asyncio.Future[Task]] = []
         self.done = asyncio.Event()  # Published, or given up on: execute() may return.
         self._call: asyncio.Future[None] | None = None
@@ -296,7 +299,7 @@ class Cancellation:
             self._call.cancel()
 
     async def _publish(self, queue: _CancelQueue) -> None:
-        state = FAILED if self.failure is not None else CANCELED
+        state = FAILED if self.failure is not None and not self.recorded else CANCELED
         if await queue.publish(state):
             _telemetry.step(self.span, "terminal_published", state=TaskState.Name(state))
         self._reach(Step.PUBLISHED)
@@ -315,7 +318,7 @@ class Lifecycle:
 
     def __init__(self, executor: AgentExecutor, grace_period: float) -> None:
         self.executor = executor
-        self.name = type(executor).__name__
+        self.name = executor.__class__.__name__  # A proxy's too, as isinstance sees it.
         self.grace_period = grace_period
         self.works: dict[str, Work] = {}
         self.cancellations: dict[str, Cancellation] = {}
@@ -323,6 +326,9 @@ class Lifecycle:
         self.read_stored: Callable[[RequestContext], Awaitable[Task | None]] | None = None
         self.poll_interval = DEFAULT_POLL_INTERVAL
         self.inline = False  # Our handler drives every cancel: the work runs in the SDK's task.
+        # Set by a2a_cancelfix.testing's sweep: it sees each run's cancel points and holds the
+        # run at one of them while the cancel lands.
+        self.probe: Any = None
 
     def begin(self, task_id: str, reason: str = "cancel requested", span: Any = None) -> Cancellation:
         """The cancel in progress of ``task_id``, or a new one (its deadline fixed now).
