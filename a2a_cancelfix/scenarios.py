@@ -41,7 +41,7 @@ from a2a_cancelfix.testing.servers import (
     start,
     stored,
 )
-from a2a_cancelfix.testing.waits import BOUND, Gate, wait_all_tasks_blocked, within
+from a2a_cancelfix.testing.waits import BOUND, Gate, in_own_loop, wait_all_tasks_blocked, within
 
 NOT_RUN = "NOT RUN"
 """What a scenario shows instead of its outcome when its transport's packages are missing."""
@@ -365,11 +365,7 @@ def run_scenario(scenario: Scenario, kind: str, transport: str | None = None) ->
     install = _wire.missing(transport) if transport != IN_PROCESS else None
     if install:
         return f"{NOT_RUN} ({install})"
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(_bounded(scenario, kind, transport))
-    finally:
-        _shut_down(loop)
+    return in_own_loop(_bounded, scenario, kind, transport)
 
 
 async def _bounded(scenario: Scenario, kind: str, transport: str) -> str:
@@ -380,21 +376,6 @@ async def _bounded(scenario: Scenario, kind: str, transport: str) -> str:
             return "HANG"
         except Exception as error:  # A stock handler may leak an internal exception.
             return f"raised {type(error).__name__}"
-
-
-def _shut_down(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel what the scenario left running, without waiting on anything forever."""
-    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-    for task in pending:
-        task.cancel()
-    if pending:
-        loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
-    for task in pending:
-        if task.done() and not task.cancelled():
-            task.exception()
-    loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.close()
-
 
 
 def run_all() -> list[tuple[Scenario, dict[str, str]]]:

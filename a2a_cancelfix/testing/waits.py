@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 BOUND = 2.5
 """The default bound of every wait, in seconds; a scenario still running after it is reported as HANG."""
@@ -100,3 +102,25 @@ def _others_blocked() -> bool:
         if task is not this and (waiter is None or waiter.done()):
             return False
     return True
+
+
+def in_own_loop(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``main(*args)`` in an event loop of its own, then cancel what it left running.
+
+    What one run leaves behind (a stock handler's hung request, an executor's stray task)
+    stays in its loop and cannot block the next; the clean-up waits on nothing forever.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main(*args))
+    finally:
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+        for task in pending:
+            if task.done() and not task.cancelled():
+                task.exception()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
