@@ -33,7 +33,15 @@ WRITE_SECONDS = 1.5
 
 
 class DemoAgent(AgentExecutor):
-    """Work five steps, write a report in a shielded section; ask for input if told "ask"."""
+    """Work five steps, write a report in a shielded section; ask for input if told "ask".
+
+    Args:
+        step_seconds, write_seconds: how long a step and the report take (by default, the
+            module's ``STEP_SECONDS`` and ``WRITE_SECONDS``).
+    """
+
+    def __init__(self, step_seconds: float | None = None, write_seconds: float | None = None) -> None:
+        self.step_seconds, self.write_seconds = step_seconds, write_seconds
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id or "", context.context_id or ""
@@ -57,12 +65,12 @@ class DemoAgent(AgentExecutor):
     @cancellable
     async def work(self, updater: TaskUpdater, step: int) -> None:
         await updater.update_status(TaskState.TASK_STATE_WORKING, _say(f"step {step}/{STEPS}"))
-        await asyncio.sleep(STEP_SECONDS)  # Stands in for an LLM or tool call.
+        await asyncio.sleep(self.step_seconds or STEP_SECONDS)  # Stands in for an LLM or tool call.
 
     async def write_report(self, updater: TaskUpdater, task_id: str) -> None:
         async with shielded():
             logger.info("task %s: writing the report (shielded)", task_id)
-            await asyncio.sleep(WRITE_SECONDS)  # Stands in for a write that must not be cut.
+            await asyncio.sleep(self.write_seconds or WRITE_SECONDS)  # A write that must not be cut.
             logger.info("task %s: report written", task_id)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:

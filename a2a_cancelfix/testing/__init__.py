@@ -1,6 +1,11 @@
 """The kit for testing how an executor behaves when its task is cancelled.
 
-For now it holds the building blocks; a ``sweep`` built from them is to come.
+* ``sweep(executor_factory)``: cancel the executor at each of its cancel points, from each
+  origin, and report what every observer saw (a ``Report``: a ``Row`` per ``Point``, origin and
+  landing); ``play(path)`` replays one moment from a scenario file. The pytest plugin
+  collects ``cancel_*.toml`` scenario files as tests.
+
+The building blocks it is made of:
 
 * Waits that fail fast instead of hanging (``within``, ``Changes``, ``wait_all_tasks_blocked``,
   all bounded by ``BOUND``) and a ``Gate`` that holds the code under test at a known point.
@@ -13,8 +18,10 @@ For now it holds the building blocks; a ``sweep`` built from them is to come.
 ``a2a-cancelfix check`` and this package's own tests and benchmarks are built from it.
 """
 
+from a2a_cancelfix.testing._probe import Point
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
+from a2a_cancelfix.testing.scenario_file import play
 from a2a_cancelfix.testing.servers import (
     GRACE,
     IN_PROCESS,
@@ -31,18 +38,23 @@ from a2a_cancelfix.testing.servers import (
     start,
     stored,
 )
+from a2a_cancelfix.testing.sweep import ORIGINS, Report, Row, sweep
 from a2a_cancelfix.testing.waits import BOUND, Changes, Gate, wait_all_tasks_blocked, within
 
 __all__ = [
     "BOUND",
     "GRACE",
     "IN_PROCESS",
+    "ORIGINS",
     "Bench",
     "Calls",
     "Changes",
     "Gate",
     "NamedUser",
+    "Point",
     "PushReceiver",
+    "Report",
+    "Row",
     "ScriptedExecutor",
     "Server",
     "Stream",
@@ -51,10 +63,12 @@ __all__ = [
     "make_server",
     "message",
     "outcome",
+    "play",
     "reached_step",
     "start",
     "state_of",
     "stored",
+    "sweep",
     "wait_all_tasks_blocked",
     "within",
 ]

@@ -1,0 +1,343 @@
+"""How the sweep sees a run of ``execute()``: its cancel points, in order, and holds it at one.
+
+A run's cancel points are the moments a cancel can land on it: each await of its own code that
+suspends it (the only moments another request can run, on one event loop), each checkpoint,
+each event it publishes, and the start of a run that follows up a parked task. The probe drives
+the run's coroutine itself, one suspension at a time, so it sees every await without a timer or
+a patched loop, and names each point by the code that awaits there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import a2a
+
+import a2a_cancelfix
+from a2a_cancelfix._sdk import terminal_state
+from a2a_cancelfix.checkpoints import Run, RunCancelled
+
+# An await that suspends inside a2a-sdk or us is the framework's, no point of the user's; one
+# inside the standard library or an installed package is named by what the user's code called.
+_FRAMEWORK = tuple(os.path.dirname(module.__file__ or "") + os.sep for module in (a2a, a2a_cancelfix))
+_LIBRARIES = tuple({sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "purelib", "platlib")})
+# Executors of ours that the sweep treats as a user's: the demo agent and the examples.
+_OURS_AS_USERS = (
+    os.path.join(_FRAMEWORK[1], "demo.py"),
+    os.path.join(_FRAMEWORK[1], "testing", "examples.py"),
+)
+_STEP_WRAPPERS = ("async_step", "sync_step")  # @cancellable's: transparent.
+
+
+@dataclass(frozen=True)
+class Point:
+    """One moment a cancel can land on the runs of a conversation.
+
+    Attributes:
+        index: its place among the conversation's points, in order.
+        kind: ``await`` (the run's own code awaits something), ``checkpoint``, ``publish`` (as
+            the run enqueues an event), ``published`` (once that event is stored), ``start``
+            (a follow-up run, before its ``execute()`` runs), ``parked`` (the task waits for
+            input) or ``ended`` (after the terminal event).
+        where: the code or the state it names, for people.
+        shielded: whether the run is inside a ``shielded()`` section there.
+    """
+
+    index: int
+    kind: str
+    where: str
+    shielded: bool = False
+
+
+class Probe:
+    """Records a conversation's points; in a replay, holds the run at the ``target`` one.
+
+    Each point is awaited in the run's own task: at the target, the probe sets ``reached`` and
+    waits until the sweep opens ``gate`` (or, for an interrupted await, until the cancel's
+    interrupt arrives).
+    """
+
+    def __init__(self, target: int | None = None, interrupt: bool = False) -> None:
+        self.points: list[Point] = []
+        self.target = target
+        self.interrupt = interrupt
+        self.reached = asyncio.Event()
+        self.gate = asyncio.get_running_loop().create_future()
+        self.runs = 0
+        self.run: Run | None = None
+        self.landed = False  # The cancel applies to the run and was made: it must notice.
+        self.observed: str | None = None  # Where the run first saw the cancel.
+        self.late: list[str] = []  # What the run did after the cancel that it should not have.
+        self.cut_shields: list[str] = []
+        self.finished = asyncio.Event()  # The last run's execute() has returned or raised.
+        self.visit: Callable[[Point], Awaitable[None]] | None = None  # Awaited at each point.
+        self._in_enqueue = False
+
+    # The points.
+
+    async def point(self, kind: str, where: str) -> None:
+        """Note a point; hold here if it is the target."""
+        run = self.run
+        shielded = bool(run is not None and run.shielded and kind not in ("parked", "ended"))
+        here = Point(len(self.points), kind, where, shielded)
+        self.points.append(here)
+        if self.visit is not None:
+            await self.visit(here)
+        if here.index == self.target:
+            self.reached.set()
+            await asyncio.shield(self.gate)
+
+    def open(self) -> None:
+        if not self.gate.done():
+            self.gate.set_result(None)
+
+    # What the run does, seen from inside it.
+
+    def drive(
+        self,
+        execute: Callable[[Any, Any], Awaitable[None]],
+        context: Any,
+        queue: Any,
+        run: Run,
+    ) -> Awaitable[None]:
+        """Run ``execute`` on a queue that reports its events, one suspension at a time."""
+        self.run, self.runs = run, self.runs + 1
+        self.finished.clear()
+        run._watch = _watching(self, run._watch)  # Every checkpoint is a point: look at each.
+        run._interval = 0.0
+        run._next_watch = 0.0
+        raise_if_cancelled = run.raise_if_cancelled
+
+        def raising() -> None:
+            try:
+                raise_if_cancelled()
+            except RunCancelled:
+                self._saw_cancel(_where_raised())
+                raise
+
+        run.raise_if_cancelled = raising  # type: ignore[method-assign]
+        return _Driven(self, execute(context, _ReportingQueue(queue, self)), run)
+
+    def _saw_cancel(self, where: str) -> None:
+        if self.observed is None:
+            self.observed = where
+        else:
+            self.late.append(f"{where} after the run had seen the cancel at {self.observed}")
+
+    def _interrupted(self, run: Run, where: str) -> None:
+        if run.shielded:
+            self.cut_shields.append(where)
+        if self.observed is None:
+            self.observed = f"{where} (interrupted)"
+
+    def _suspends(self, run: Run, where: str) -> None:
+        """The run's own code awaits at ``where``, with the cancel made and not yet seen."""
+        if self.landed and self.observed is None and not run.shielded:
+            self.late.append(f"went on to {where} after the cancel, before it noticed it")
+
+
+def _watching(probe: Probe, watch: Callable[[], Awaitable[None]] | None) -> Callable[[], Awaitable[None]]:
+    async def look() -> None:
+        if not probe._in_enqueue:
+            await probe.point("checkpoint", _where_called())
+        run = probe.run
+        if watch is not None and run is not None and not run.cancelled:
+            await watch()
+
+    return look
+
+
+class _ReportingQueue:
+    """The run's queue as its code sees it: each event is two points, before and after."""
+
+    def __init__(self, queue: Any, probe: Probe) -> None:
+        self._queue, self._probe = queue, probe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+    async def enqueue_event(self, event: Any) -> None:
+        probe, name = self._probe, _event_name(event)
+        await probe.point("publish", f"publishes {name}")
+        probe._in_enqueue = True
+        try:
+            await self._queue.enqueue_event(event)
+        finally:
+            probe._in_enqueue = False
+        if terminal_state(event) is None:
+            await probe.point("published", f"{name} is stored")
+
+
+class _Driven:
+    """The run's coroutine, driven one suspension at a time.
+
+    At each suspension in the user's own code (not in a2a-sdk's, ours or asyncio's), the probe
+    notes an ``await`` point; at the target it holds there: after the awaited thing completed
+    (the cancel lands as the await returns), or before, to be interrupted by the cancel.
+    """
+
+    def __init__(self, probe: Probe, coro: Any, run: Run) -> None:
+        self.probe, self.coro, self.run = probe, coro, run
+
+    def __await__(self) -> Generator[Any, None, None]:
+        probe, coro, run = self.probe, self.coro, self.run
+        if probe.runs > 1:  # A follow-up: the cancel may come before execute() does anything.
+            yield from probe.point("start", f"before run {probe.runs}'s execute()").__await__()
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            while True:
+                try:
+                    awaited = coro.send(value) if error is None else coro.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+                value, error = None, None
+                where = _users_await(coro) if awaited is not None else None
+                if where is None:
+                    try:
+                        value = yield awaited
+                    except BaseException as thrown:
+                        error = _thrown(probe, run, thrown, "an await of the framework's")
+                    continue
+                probe._suspends(run, where)
+                index = len(probe.points)
+                holds = index == probe.target
+                if holds and probe.interrupt and not run.shielded:
+                    # Held while the await is still pending: the cancel's interrupt lands here.
+                    probe.points.append(Point(index, "await", where, run.shielded))
+                    probe.reached.set()
+                    try:
+                        yield from asyncio.shield(probe.gate).__await__()
+                    except BaseException as thrown:
+                        awaited.cancel()
+                        error = _thrown(probe, run, thrown, where)
+                        continue
+                    # Opened without an interrupt: the await goes on as it would have.
+                    try:
+                        value = yield awaited
+                    except BaseException as thrown:
+                        error = _thrown(probe, run, thrown, where)
+                    continue
+                try:
+                    value = yield awaited
+                except BaseException as thrown:
+                    error = _thrown(probe, run, thrown, where)
+                    continue
+                try:  # The cancel lands as the await returns.
+                    yield from probe.point("await", where).__await__()
+                except BaseException as thrown:
+                    error = _thrown(probe, run, thrown, where)
+        except GeneratorExit:
+            coro.close()
+            raise
+        finally:
+            probe.finished.set()
+
+
+def _thrown(probe: Probe, run: Run, thrown: BaseException, where: str) -> BaseException:
+    """What to throw into the run: the cancel's interrupt, noted as seen there."""
+    if isinstance(thrown, GeneratorExit):
+        raise thrown  # Closed: the driver closes the run's coroutine on its way out.
+    if isinstance(thrown, asyncio.CancelledError) and not isinstance(thrown, RunCancelled):
+        probe._interrupted(run, where)
+    return thrown
+
+
+def _users_await(coro: Any) -> str | None:
+    """Where the user's code awaits, when the chain of awaits from ``coro`` suspends in it.
+
+    None when it suspends inside the framework: a checkpoint, an enqueue, a store read. Named
+    by the user's functions on the way down, the line in the outermost, and what it called.
+    """
+    frames: list[types.FrameType] = []
+    link: Any = coro
+    while link is not None:
+        frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
+        if frame is None:
+            break
+        if _is_framework(frame) and frame.f_code.co_name not in _STEP_WRAPPERS:
+            return None
+        frames.append(frame)
+        link = _awaited(link)
+    users = [
+        index for index, frame in enumerate(frames) if not _is_framework(frame) and not _is_library(frame)
+    ]
+    if not users:
+        return None
+    below = frames[users[-1] + 1 :]
+    called = _library_name(below[0]) if below else _awaited_name(link)
+    names = " > ".join(frames[index].f_code.co_name for index in users)
+    return f"await {called} in {names} ({_place(frames[users[0]])})"
+
+
+def _library_name(frame: types.FrameType) -> str:
+    module = str(frame.f_globals.get("__name__", "?"))
+    module = "asyncio" if module.startswith("asyncio.") else module  # Its public name.
+    return f"{module}.{frame.f_code.co_name}"
+
+
+def _awaited(link: Any) -> Any:
+    return getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
+
+
+def _awaited_name(link: Any) -> str:
+    code = getattr(link, "cr_code", None) or getattr(link, "gi_code", None)
+    if code is not None:
+        return code.co_name
+    return type(link).__name__ if link is not None else "something"
+
+
+def _where_called() -> str:
+    """The user's code that reached the checkpoint being looked at."""
+    frame = sys._getframe(2)
+    while frame is not None and (_is_framework(frame) or _is_library(frame)):
+        if frame.f_code.co_name in _STEP_WRAPPERS:
+            step = frame.f_locals.get("step")
+            return f"step {getattr(step, '__qualname__', step)}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return f"checkpoint in {frame.f_code.co_name} ({_place(frame)})" if frame else "a checkpoint"
+
+
+def _where_raised() -> str:
+    """What raised ``RunCancelled``: a step, a checkpoint or an enqueue of the user's."""
+    frame = sys._getframe(2)
+    enqueue = None
+    while frame is not None and (_is_framework(frame) or _is_library(frame)):
+        name = frame.f_code.co_name
+        if name in _STEP_WRAPPERS:
+            step = frame.f_locals.get("step")
+            return f"step {getattr(step, '__qualname__', step)}"
+        if name == "enqueue_event" and "event" in frame.f_locals:
+            enqueue = _event_name(frame.f_locals["event"])
+        frame = frame.f_back  # type: ignore[assignment]
+    place = f"in {frame.f_code.co_name} ({_place(frame)})" if frame else ""
+    return f"publishing {enqueue} {place}".strip() if enqueue else f"checkpoint {place}".strip()
+
+
+def _is_framework(frame: types.FrameType) -> bool:
+    filename = frame.f_code.co_filename
+    return filename.startswith(_FRAMEWORK) and not filename.startswith(_OURS_AS_USERS)
+
+
+def _is_library(frame: types.FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(_LIBRARIES)
+
+
+def _place(frame: types.FrameType) -> str:
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _event_name(event: Any) -> str:
+    state = getattr(getattr(event, "status", None), "state", None)
+    if state is not None:
+        from a2a.types import TaskState
+
+        return TaskState.Name(state).removeprefix("TASK_STATE_")
+    return type(event).__name__

@@ -1,0 +1,638 @@
+"""`sweep`: does YOUR executor stop cleanly, wherever the cancel lands?
+
+The sweep runs the executor once uncancelled (it must still complete), records its cancel
+points (see `Point`), then runs it again once per point, origin and landing, with the cancel
+landing exactly there: the run is held at the point until the cancel has reached it, so no
+row depends on timing. Every run has our handler, an in-memory store, the sender's stream, a
+subscriber and a push receiver; a follow-up message is a blocking sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import wrapt
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+)
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    TaskPushNotificationConfig,
+)
+
+from a2a_cancelfix import _wire, checkpoints
+from a2a_cancelfix.handler import DefaultRequestHandler
+from a2a_cancelfix.lifecycle import MARGIN
+from a2a_cancelfix.store import FinalStateTaskStore
+from a2a_cancelfix.testing._probe import Point, Probe, _is_framework
+from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
+from a2a_cancelfix.testing.servers import caller, message, outcome
+from a2a_cancelfix.testing.waits import BOUND, in_own_loop, wait_all_tasks_blocked
+
+ORIGINS = ("local", "remote", "client leaves")
+"""Where a cancel comes from: a request to the replica running the task; a request to another
+replica sharing its store; a request to the replica running it whose client goes away."""
+
+PUSH_URL = "http://push.invalid/sweep"
+TERMINAL = ("COMPLETED", "CANCELED", "FAILED", "REJECTED")
+PARKED = ("INPUT_REQUIRED", "AUTH_REQUIRED")
+RUN_BOUND = 30.0
+"""Seconds the uncancelled run may take, at most."""
+
+Factory = Callable[[], Any]
+Released = Callable[[Any], "bool | Awaitable[bool]"]
+
+
+@dataclass
+class Row:
+    """What one cancel showed: where it landed, what each observer saw, what went wrong.
+
+    Attributes:
+        point: where the cancel landed (None for the uncancelled run).
+        origin: one of `ORIGINS` ("" for the uncancelled run).
+        landing: for an await, "as it returns" or "interrupted" (the cancel's interrupt lands
+            on the pending await); for a parked task, "alone" or "follow-up racing".
+        answer: what the cancel answered: a state, an A2A error's name, or "client left".
+        seen: the last state each observer saw: store, stream, subscriber, push, sender.
+        failures: each broken promise, in words.
+    """
+
+    point: Point | None
+    origin: str
+    landing: str
+    answer: str = ""
+    seen: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    expected: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    scenario: str = ""
+    """The scenario file that replays this row (see `play`)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row for JSON."""
+        return {
+            "moment": self.moment,
+            "point": None if self.point is None else vars(self.point),
+            "origin": self.origin,
+            "landing": self.landing,
+            "answer": self.answer,
+            "seen": self.seen,
+            "ok": self.ok,
+            "failures": self.failures,
+            "scenario": self.scenario,
+        }
+
+    @property
+    def moment(self) -> str:
+        if self.point is None:
+            return "no cancel"
+        landing = f", {self.landing}" if self.landing else ""
+        return f"{self.point.index} {self.point.where}{landing}"
+
+
+@dataclass
+class Report:
+    """A sweep's rows, the uncancelled run's first; ``str()`` is the table."""
+
+    rows: list[Row]
+
+    @property
+    def ok(self) -> bool:
+        return all(row.ok for row in self.rows)
+
+    @property
+    def failures(self) -> list[Row]:
+        return [row for row in self.rows if not row.ok]
+
+    def assert_ok(self) -> None:
+        """Raise ``AssertionError`` with the table and the failing rows' scenario files."""
+        if not self.ok:
+            raise AssertionError(str(self))
+
+    def __str__(self) -> str:
+        columns = ("store", "stream", "subscriber", "push", "sender")
+        table = [("moment", "origin", "answer", *columns, "")]
+        for row in self.rows:
+            cells = [row.seen.get(name, "-") for name in columns]
+            table.append(
+                (row.moment, row.origin or "-", row.answer or "-", *cells, "ok" if row.ok else "FAILS")
+            )
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+        lines.insert(1, "  ".join("-" * width for width in widths))
+        failing = self.failures
+        lines.append("")
+        lines.append(f"{len(self.rows) - len(failing)} of {len(self.rows)} rows hold.")
+        for row in failing:
+            lines.append("")
+            lines.append(f"FAILS: {row.moment} ({row.origin or 'no cancel'})")
+            lines.extend(f"  - {failure}" for failure in row.failures)
+            if row.scenario:
+                lines.append("  Replay it: save as cancel_<name>.toml, run `a2a-cancelfix play` on it:")
+                lines.extend(f"    {line}" for line in row.scenario.splitlines())
+        return "\n".join(lines)
+
+
+async def sweep(
+    executor_factory: Factory,
+    *,
+    message: str | Sequence[str] = "hello",
+    origins: Sequence[str] = ORIGINS,
+    grace_period: float = 1.0,
+    released: Released | None = None,
+) -> Report:
+    """Cancel a fresh executor at each of its cancel points; report what every observer saw.
+
+    Args:
+        executor_factory: makes the executor (an ``AgentExecutor``), once per run.
+        message: the message that starts the task; or several, each next one answering the
+            task when it parks for input (INPUT_REQUIRED, AUTH_REQUIRED).
+        origins: which of `ORIGINS` to cancel from.
+        grace_period: the handler's ``cancel_grace_period`` in these runs.
+        released: ``released(executor)`` (may be async) is true once the executor has let go
+            of what it holds (a claim, a lease); checked when the cancel returns.
+
+    Raises:
+        ValueError: an origin that is not one of `ORIGINS`.
+    """
+    messages = [message] if isinstance(message, str) else list(message)
+    unknown = set(origins) - set(ORIGINS)
+    if unknown or not messages:
+        raise ValueError(f"origins must be among {ORIGINS}, not {sorted(unknown)}; and one message at least")
+    plan = _Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
+    contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast)
+    rows = [contrast]
+    if contrast.ok:
+        for point in points:
+            for origin in origins:
+                for landing in _landings(point, origin):
+                    rows.append(await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing))
+    return Report(rows)
+
+
+def _spec(factory: Any) -> str:
+    """``factory`` as MODULE:NAME, when it can be imported back so."""
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    return f"{module}:{name}" if module and name and "<" not in name else ""
+
+
+def _landings(point: Point, origin: str) -> tuple[str, ...]:
+    if point.kind == "await":
+        local = origin == "local" and not point.shielded
+        return ("as it returns", "interrupted") if local else ("as it returns",)
+    if point.kind == "parked":
+        return ("alone", "follow-up racing")
+    return ("",)
+
+
+@dataclass
+class _Plan:
+    factory: Factory
+    messages: list[str]
+    grace_period: float
+    released: Released | None
+    spec: str = ""  # The executor factory as MODULE:NAME, for scenario files.
+    took: float = RUN_BOUND / 2  # How long the uncancelled run took (a replay has no figure).
+    expect: dict[str, tuple[str, ...]] | None = None  # A scenario file's expectations.
+
+    async def contrast(self) -> tuple[Row, list[Point]]:
+        row = Row(None, "", "")
+        probe = Probe()
+        try:
+            await self._contrast(row, probe)
+        except Exception as error:  # The executor's or the SDK's: the row says so.
+            row.failures.append(f"the run raised {error!r}")
+        return row, probe.points
+
+    async def _contrast(self, row: Row, probe: Probe) -> None:
+        started = time.monotonic()
+        async with _World(self, probe) as world:
+            await world.converse(RUN_BOUND)
+            self.took = time.monotonic() - started
+            await world.observe(row, probe)
+            _expect(row, dict.fromkeys(world.observers(), ("COMPLETED",)))
+            if world.parked_stream:
+                row.expected["stream"] = (world.parked_stream,)
+            _compare(row)
+            await world.check_released(row, "the uncancelled run ended")
+            await world.check_leftovers(row, "the uncancelled run ended")
+
+    async def row(self, point: Point, origin: str, landing: str) -> Row:
+        row = Row(point, origin, landing)
+        try:
+            await self._row(row, point, origin, landing)
+        except Exception as error:
+            row.failures.append(f"the run raised {error!r}")
+        return _scenario(self, row)
+
+    async def _row(self, row: Row, point: Point, origin: str, landing: str) -> None:
+        interrupt = landing == "interrupted"
+        probe = Probe(target=point.index, interrupt=interrupt)
+        bound = self.took + self.grace_period + MARGIN + BOUND
+        async with _World(self, probe) as world:
+            conversation = asyncio.ensure_future(world.converse(bound, race=landing == "follow-up racing"))
+            reached = asyncio.ensure_future(probe.reached.wait())
+            await asyncio.wait({conversation, reached}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
+            if not probe.reached.is_set():
+                reached.cancel()
+                row.failures.append(
+                    f"the run never reached point {point.index} ({point.where}): it took another path"
+                )
+                return
+            here = probe.points[-1]
+            if (here.kind, here.where) != (point.kind, point.where):
+                row.failures.append(f"point {point.index} is {here.where} in this run, not {point.where}")
+            await world.land(row, probe, origin, interrupt)
+            await asyncio.wait({conversation}, timeout=bound)
+            if world.parked_stream and (world.stream_over or row.expected["answer"] != ("CANCELED",)):
+                row.expected["stream"] = (world.parked_stream,)  # Its request had ended, parked.
+            await world.observe(row, probe)
+            if self.expect is not None:  # A scenario file says what each must see.
+                row.expected = dict(self.expect)
+            _compare(row)
+            await world.check_leftovers(row, "the cancel returned")
+
+
+class _World:
+    """One run's servers: replica A runs the task, replica B shares its store."""
+
+    def __init__(self, plan: _Plan, probe: Probe) -> None:
+        self.plan, self.probe = plan, probe
+        self.store = FinalStateTaskStore(InMemoryTaskStore())
+        self.configs = InMemoryPushNotificationConfigStore()
+        self.push = PushReceiver()
+        self.executor = plan.factory()
+        self.watched = _Watched(self.executor)
+        self.a = self._handler(self.watched)
+        self.a.agent_executor.cancel_lifecycle.probe = probe
+        self._b: DefaultRequestHandler | None = None
+        self.task_id = ""
+        self.sender: Stream | None = None
+        self.subscriber: Stream | None = None
+        self.states: dict[str, list[str]] = {}  # Each stream's states, as they arrived.
+        self.followed_up: asyncio.Future[Any] | None = None
+        self.stop = False  # The cancel landed on a parked task: no follow-up comes.
+        self.parked_stream = ""  # Where the sender's stream ended, if the task parked first.
+        self.stream_over = False  # Whether it had ended when the cancel landed.
+        self.threads = set(threading.enumerate())
+        self.pool = _TrackedPool()
+        self.owned: set[asyncio.Task[Any]] = set()
+
+    def _handler(self, executor: Any, poll: float | None = 3600.0) -> DefaultRequestHandler:
+        card = _wire.agent_card("jsonrpc", "http://127.0.0.1/")
+        sender = BasePushNotificationSender(self.push.client, self.configs, caller())
+        return DefaultRequestHandler(
+            executor,
+            task_store=self.store,
+            agent_card=card,
+            push_config_store=self.configs,
+            push_sender=sender,
+            cancel_grace_period=self.plan.grace_period,
+            replica_poll_interval=poll,  # The probe makes the run look at every point.
+        )
+
+    @property
+    def b(self) -> DefaultRequestHandler:
+        if self._b is None:
+            self._b = self._handler(self.plan.factory(), poll=None)
+        return self._b
+
+    async def __aenter__(self) -> _World:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(self.pool)
+        loop.set_task_factory(self._task_factory)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.push.client.aclose()
+
+    def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        if checkpoints._current_run.get() is not None and not _ours(coro):
+            self.owned.add(task)  # Started by the executor's own code, inside a run.
+        return task
+
+    # The conversation.
+
+    async def converse(self, bound: float, race: bool = False) -> None:
+        """Send the first message streamed; answer each parking with the next, blocking."""
+        configuration = SendMessageConfiguration()
+        configuration.task_push_notification_config.CopyFrom(
+            TaskPushNotificationConfig(url=PUSH_URL, id="sweep")
+        )
+        first = SendMessageRequest(message=message(self.plan.messages[0]), configuration=configuration)
+        self.probe.visit = self._visit
+        self.sender = self._stream("stream", self.a.on_message_send_stream(first, caller()))
+        await self.sender.ended(bound)
+        self.task_id = next((_task_id(event) for event in self.sender.events), "")
+        for number, text in enumerate(self.plan.messages[1:], start=1):
+            state = await self.stored()
+            if state not in PARKED:
+                return
+            self.parked_stream = self.parked_stream or state
+            await self.probe.point("parked", f"parked {state} after run {number}")
+            if self.stop and not race:
+                return
+            request = SendMessageRequest(message=message(text, task_id=self.task_id))
+            self.followed_up = asyncio.ensure_future(outcome(self.a.on_message_send(request, caller())))
+            await asyncio.wait({self.followed_up}, timeout=bound)
+            if self.stop:
+                return
+        if await self.stored() in TERMINAL:
+            await self.probe.point("ended", f"after {await self.stored()}")
+
+    async def _visit(self, point: Point) -> None:
+        """At each point: once the task is stored, attach the subscriber (in every run alike)."""
+        if self.subscriber is not None or point.kind not in ("published", "parked"):
+            return
+        await wait_all_tasks_blocked()
+        task_id = self.task_id or _run_task_id(self.probe)
+        if task_id and (await self.stored(task_id)) not in ("nothing", "TaskNotFound", *TERMINAL):
+            self.task_id = task_id
+            request = SubscribeToTaskRequest(id=task_id)
+            subscriber = self._stream("subscriber", self.a.on_subscribe_to_task(request, caller()))
+            await subscriber.until(lambda: bool(subscriber.events) or subscriber.task.done())
+            self.subscriber = subscriber
+
+    def _stream(self, name: str, events: Any) -> Stream:
+        """A stream, with each event's state noted as it arrives (a Task the SDK sends may be
+        its live copy, which later events update)."""
+        states = self.states[name] = []
+
+        def note(event: Any) -> None:
+            state = state_of(event)
+            if state:
+                states.append(state)
+
+        return Stream(events, note)
+
+    async def stored(self, task_id: str | None = None) -> str:
+        task_id = task_id or self.task_id
+        if not task_id:
+            return "nothing"
+        return await outcome(self.a.on_get_task(GetTaskRequest(id=task_id), caller()))
+
+    # The cancel.
+
+    async def land(self, row: Row, probe: Probe, origin: str, interrupt: bool) -> None:
+        """Make the cancel at the point the run is held at; let the run go on as it lands."""
+        await wait_all_tasks_blocked()
+        point = row.point
+        assert point is not None
+        self.task_id = self.task_id or _run_task_id(probe)
+        before = await self.stored()
+        expected = "TaskNotFound" if before in ("nothing", "TaskNotFound") else "CANCELED"
+        if before in TERMINAL:
+            expected = "TaskNotCancelable"
+        applies = expected == "CANCELED"
+        run = probe.run if point.kind not in ("parked", "ended") else None
+        # Past an await of its own (or before execute()), the run must notice before it starts
+        # another: at a checkpoint or an event it publishes.
+        probe.landed = applies and point.kind in ("await", "start")
+        if point.kind == "parked":
+            self.stop = True
+        answer_bound = self.plan.grace_period + MARGIN + 1.0
+        started = asyncio.get_running_loop().time()
+        if origin == "remote":
+            row.answer = await _bounded(self._cancel(self.b), answer_bound)
+            probe.open()
+        else:
+            request = asyncio.ensure_future(self._cancel(self.a))
+            if run is not None and applies:
+                if not interrupt:
+                    run.add_callback(probe.open)  # The run goes on once it is signalled.
+            else:
+                probe.open()
+            if origin == "client leaves" and applies:
+                underway = asyncio.ensure_future(self.watched._self_called.wait())
+                await asyncio.wait(
+                    {underway, request}, timeout=answer_bound, return_when=asyncio.FIRST_COMPLETED
+                )
+                underway.cancel()
+                request.cancel()  # The client goes away while its cancel is in progress.
+                row.answer = "client left"
+            else:
+                row.answer = await _bounded(request, answer_bound)
+        took = asyncio.get_running_loop().time() - started
+        row.seen["answer"] = row.answer
+        final = "CANCELED" if applies else ("COMPLETED" if expected != "TaskNotCancelable" else before)
+        watched = self.watched
+        if watched._self_error is not None:
+            error = watched._self_error
+            row.failures.append(f"{self.name}.cancel() raised {type(error).__name__}: {error}")
+            if origin != "remote":  # The documented end of that: FAILED, the caller told so.
+                expected, final = "Internal", "FAILED"
+        if row.answer == "HANG":
+            row.failures.append(f"the cancel did not answer within {answer_bound:.1f} s")
+        elif row.answer not in (expected, "client left"):
+            row.failures.append(f"the cancel answered {row.answer}, not {expected}")
+            expected = row.answer  # Said once: the comparison need not say it again.
+        if applies and run is not None:
+            stop_by = max(answer_bound - took, 0.0) if origin != "local" else 0.0
+            if not await _set_within(probe.finished, stop_by):
+                row.failures.append("execute() still ran when the cancel returned: it ignored the cancel")
+            if watched._self_called.is_set() and (watched._self_cut or not watched._self_returned.is_set()):
+                row.failures.append(f"{self.name}.cancel() did not return within the grace period: it hangs")
+        _expect(row, {"answer": (expected,)})
+        _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
+        self.stream_over = self.sender is not None and self.sender.task.done()
+        if self.followed_up is not None:
+            row.expected["sender"] = (final, "UnsupportedOperation") if applies else (final,)
+        if applies and row.answer != "HANG":
+            await self.check_released(row, "the cancel returned")
+
+    def _cancel(self, handler: DefaultRequestHandler) -> Awaitable[str]:
+        return outcome(handler.on_cancel_task(CancelTaskRequest(id=self.task_id), caller()))
+
+    @property
+    def name(self) -> str:
+        return self.executor.__class__.__name__
+
+    # What everyone saw.
+
+    def observers(self) -> list[str]:
+        """Who saw this run: the store, the sender's stream, push; a subscriber and a
+        follow-up's blocking sender if there was one."""
+        present = ["store", "stream", "push"]
+        return (
+            present
+            + ["subscriber"] * (self.subscriber is not None)
+            + ["sender"] * (self.followed_up is not None)
+        )
+
+    async def observe(self, row: Row, probe: Probe) -> None:
+        bound = self.plan.grace_period + MARGIN  # The cancel has answered: all ends by then.
+        for name, stream in (("stream", self.sender), ("subscriber", self.subscriber)):
+            if stream is None:
+                continue
+            ended = await stream.ended(bound)
+            states = self.states[name]
+            last = type(stream.error).__name__ if stream.error else (states[-1] if states else "nothing")
+            row.seen[name] = last if ended else f"open after {last}"
+            ends = [index for index, state in enumerate(states) if state in TERMINAL]
+            if ends and ends[0] < len(states) - 1:
+                row.failures.append(
+                    f"the {name} got {', '.join(states[ends[0] + 1 :])} after {states[ends[0]]}"
+                )
+        if self.followed_up is not None:
+            await asyncio.wait({self.followed_up}, timeout=bound)
+            row.seen["sender"] = self.followed_up.result() if self.followed_up.done() else "still waiting"
+        await wait_all_tasks_blocked()
+        row.seen["store"] = await self.stored()
+        pushed = self.push.received.get(PUSH_URL, [])
+        row.seen["push"] = pushed[-1] if pushed else "nothing"
+        ends = [index for index, state in enumerate(pushed) if state in TERMINAL]
+        if ends and ends[0] < len(pushed) - 1:
+            row.failures.append(f"push got {', '.join(pushed[ends[0] + 1 :])} after {pushed[ends[0]]}")
+        for note in probe.late:
+            row.failures.append(f"the run {note}" if note.startswith("went on") else f"reached {note}")
+        for where in probe.cut_shields:
+            row.failures.append(f"a shielded section was cut at {where}")
+
+    async def check_released(self, row: Row, when: str) -> None:
+        if self.plan.released is None:
+            return
+        held = self.plan.released(self.executor)
+        if inspect.isawaitable(held):
+            held = await held
+        if not held:
+            row.failures.append(f"released() was false when {when}")
+
+    async def check_leftovers(self, row: Row, when: str) -> None:
+        """The executor's own tasks and threads end within the grace period."""
+        grace = self.plan.grace_period
+        tasks = {task for task in self.owned if not task.done()}
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        for task in sorted(tasks, key=lambda task: task.get_name()):
+            if not task.done():
+                row.failures.append(
+                    f"a task it started ({_coro_name(task)}) still ran {grace:g} s after {when}"
+                )
+        busy = [work for work in self.pool.works if not work.done()]
+        threads = [thread for thread in threading.enumerate() if thread not in self.threads]
+        threads = [thread for thread in threads if thread.is_alive() and not self.pool.owns(thread)]
+        if busy or threads:
+            await asyncio.to_thread(_join, busy, threads, grace)
+        if any(not work.done() for work in busy) or any(thread.is_alive() for thread in threads):
+            row.failures.append(f"a thread it started still ran {grace:g} s after {when}")
+
+
+def _expect(row: Row, expected: dict[str, tuple[str, ...]]) -> None:
+    row.expected.update(expected)
+
+
+def _compare(row: Row) -> None:
+    for name, allowed in row.expected.items():
+        seen = row.seen.get(name, "nothing")
+        if name == "answer" and seen in ("HANG", "client left"):
+            continue  # Said already, or nobody is left to answer.
+        if seen not in allowed:
+            row.failures.append(f"the {name} ended on {seen}, not {' or '.join(allowed)}")
+
+
+class _Watched(wrapt.ObjectProxy):  # type: ignore[misc]
+    """The executor under test, as the handler sees it: its ``cancel()`` calls are noted."""
+
+    def __init__(self, executor: Any) -> None:
+        super().__init__(executor)
+        self._self_called = asyncio.Event()
+        self._self_returned = asyncio.Event()
+        self._self_error: BaseException | None = None
+        self._self_cut = False
+
+    async def cancel(self, context: Any, event_queue: Any) -> None:
+        self._self_called.set()
+        try:
+            await self.__wrapped__.cancel(context, event_queue)
+        except asyncio.CancelledError:
+            self._self_cut = True  # Cut off at the grace period's end: it hung.
+            raise
+        except Exception as error:
+            self._self_error = error
+            raise
+        finally:
+            self._self_returned.set()
+
+
+class _TrackedPool(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor (``asyncio.to_thread``): what a run submits is noted."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="a2a-cancelfix-sweep")
+        self.works: list[concurrent.futures.Future[Any]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        work = super().submit(fn, *args, **kwargs)
+        if checkpoints._current_run.get() is not None:
+            self.works.append(work)
+        return work
+
+    def owns(self, thread: threading.Thread) -> bool:
+        return thread in self._threads
+
+
+def _join(
+    works: list[concurrent.futures.Future[Any]], threads: list[threading.Thread], seconds: float
+) -> None:
+    deadline = time.monotonic() + seconds
+    concurrent.futures.wait(works, timeout=seconds)
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+def _ours(coro: Any) -> bool:
+    frame = getattr(coro, "cr_frame", None)
+    return frame is not None and _is_framework(frame)
+
+
+def _coro_name(task: asyncio.Task[Any]) -> str:
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", None) or task.get_name()
+
+
+def _task_id(event: Any) -> str:
+    return getattr(event, "task_id", "") or getattr(event, "id", "")
+
+
+def _run_task_id(probe: Probe) -> str:
+    run = probe.run
+    return run.task_id if run is not None else ""
+
+
+async def _bounded(call: Awaitable[str], seconds: float) -> str:
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except asyncio.TimeoutError:
+        return "HANG"
+
+
+async def _set_within(event: asyncio.Event, seconds: float) -> bool:
+    if not event.is_set() and seconds > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+    return event.is_set()
+
+
+def _scenario(plan: _Plan, row: Row) -> Row:
+    from a2a_cancelfix.testing.scenario_file import render
+
+    row.scenario = render(plan, row)
+    return row
