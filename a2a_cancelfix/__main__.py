@@ -19,12 +19,28 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="serve a demo A2A agent to cancel by hand")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
+    sweep = commands.add_parser(
+        "sweep", help="cancel your executor at each of its cancel points; exit 0 if every row holds"
+    )
+    sweep.add_argument("executor", metavar="MODULE:NAME", help="an executor class or zero-argument factory")
+    sweep.add_argument(
+        "--message", action="append", help="the message that starts the task; again for each follow-up"
+    )
+    sweep.add_argument(
+        "--origin", action="append", choices=("local", "remote", "client leaves"), help="only these origins"
+    )
+    sweep.add_argument("--grace-period", type=float, default=1.0, help="the handler's cancel_grace_period")
+    sweep.add_argument("--json", action="store_true", help="print the rows as JSON")
+    play = commands.add_parser("play", help="replay the cancel moment a scenario file describes; exit 0/1")
+    play.add_argument("file", help="a cancel_*.toml scenario file")
     arguments = parser.parse_args(argv)
 
     if arguments.command == "demo":
         from a2a_cancelfix import demo as server
 
         return server.run(arguments.host, arguments.port)
+    if arguments.command in ("sweep", "play"):
+        return _test_executor(arguments)
 
     # The scenarios provoke misbehaving executors on purpose: keep their log lines quiet.
     logging.basicConfig(level=logging.CRITICAL)
@@ -33,6 +49,38 @@ def main(argv: list[str] | None = None) -> int:
     rows = report.run_all()
     print(report.as_json(rows) if arguments.json else report.render(rows))
     return 0 if all(row.holds for row in rows) else 1
+
+
+def _test_executor(arguments: argparse.Namespace) -> int:
+    """``sweep`` and ``play``: 0 when every row holds, 1 when one fails, 2 for bad input."""
+    import asyncio
+    import json
+    import os
+
+    # The sweep provokes the executor on purpose: the rows say what happened, not the logs.
+    logging.basicConfig(level=logging.CRITICAL)
+    sys.path.insert(0, os.getcwd())
+    from a2a_cancelfix.testing import ORIGINS, play, sweep
+    from a2a_cancelfix.testing.scenario_file import load
+
+    try:
+        if arguments.command == "play":
+            report = play(arguments.file)
+        else:
+            factory = load(arguments.executor)
+            messages = arguments.message or ["hello"]
+            origins = arguments.origin or ORIGINS
+            report = asyncio.run(
+                sweep(factory, message=messages, origins=origins, grace_period=arguments.grace_period)
+            )
+    except (ValueError, ImportError, OSError) as error:
+        print(f"a2a-cancelfix {arguments.command}: {error}", file=sys.stderr)
+        return 2
+    if arguments.command == "sweep" and arguments.json:
+        print(json.dumps([row.as_dict() for row in report.rows], indent=2))
+    else:
+        print(report)
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":
