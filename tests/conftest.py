@@ -8,3 +8,5 @@ def pytest_report_header() -> str:
         for name in ("a2a-sdk", "a2a-cancelfix", "wrapt", "protobuf")
     )
     return f"python {sys.version.split()[0]}; {versions}"
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,119 @@
+"""Executors with one cancellation defect each, as real agents have them: the sweep must catch each."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from a2a.helpers import new_task
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import TaskState
+
+from a2a_cancelfix import RunCancelled, cancellable
+from a2a_cancelfix.testing.examples import Pipeline, io, scrub
+
+
+@cancellable
+async def step() -> None:
+    await io()
+
+
+class Agent(AgentExecutor):
+    """Starts its task, works, completes; ``cancel()`` does nothing. Subclasses add the defect."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        if context.current_task is None:
+            task = new_task(context.task_id or "", context.context_id or "", TaskState.TASK_STATE_SUBMITTED)
+            await event_queue.enqueue_event(task)
+        await updater.start_work()
+        await self.work()
+        await updater.complete()
+
+    async def work(self) -> None:
+        await step()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+class SwallowsTheCancel(Agent):
+    """Catches the cancel around each step and goes on to the next."""
+
+    async def work(self) -> None:
+        for _ in range(3):
+            with contextlib.suppress(asyncio.CancelledError):
+                await step()
+
+
+class StepAfterCaught(Agent):
+    """Catches ``RunCancelled`` from one step, then starts another."""
+
+    async def work(self) -> None:
+        with contextlib.suppress(RunCancelled):
+            await step()
+        await scrub("and one more")
+
+
+class ClaimOnHappyPath(Pipeline):
+    """Releases its claim only when the work succeeds: not in a ``finally``."""
+
+    @contextlib.asynccontextmanager
+    async def claim(self, task_id: str) -> AsyncIterator[None]:
+        await io()
+        self.claims.add(task_id)
+        yield
+        self.claims.discard(task_id)
+
+
+class BackgroundOutlivesRun(Agent):
+    """Starts a background task for the step and never cancels it."""
+
+    async def work(self) -> None:
+        async def warm_cache() -> None:
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+
+        background = asyncio.ensure_future(warm_cache())
+        await step()
+        await background
+
+
+class ThreadNeverChecks(Agent):
+    """Works in a thread that never calls ``checkpoint()``: the cancel cannot reach it."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+
+    async def work(self) -> None:
+        await asyncio.to_thread(self.crunch)
+
+    def crunch(self) -> None:
+        self.stop.wait(0.6)  # Stands in for 0.6 s of number crunching.
+
+
+class CancelHangs(Agent):
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        await asyncio.Event().wait()
+
+
+class CancelRaises(Agent):
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise RuntimeError("the LLM provider refused the abort")
+
+
+class LoopWithoutCheckpoint(Agent):
+    """Calls tools in a loop that never awaits a checkpoint nor enqueues."""
+
+    async def work(self) -> None:
+        for _ in range(3):
+            await io()
+
+
+def unreleased(executor: Any) -> bool:
+    return not getattr(executor, "claims", ())

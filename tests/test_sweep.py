@@ -1,0 +1,222 @@
+"""The testing kit catches what it claims: each broken executor fails the right row, with a
+message that names the problem; good executors hold on every row; a failing row replays from
+its scenario file, in Python, from the shell and as a pytest item."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from a2a_cancelfix.demo import DemoAgent
+from a2a_cancelfix.testing import Report, play, sweep
+from a2a_cancelfix.testing.examples import Pipeline, claim_released
+
+from . import sweep_executors as broken
+
+ROOT = Path(__file__).parent.parent
+GRACE = 0.2
+
+
+def failing(report: Report, origin: str, text: str) -> list[str]:
+    """The moments of ``origin`` whose failures include ``text``."""
+    return [
+        row.moment
+        for row in report.failures
+        if row.origin == origin and any(text in failure for failure in row.failures)
+    ]
+
+
+async def swept(executor: object, **options: object) -> Report:
+    report = await sweep(executor, grace_period=GRACE, **options)  # type: ignore[arg-type]
+    assert report.rows[0].ok, f"the uncancelled run must hold:\n{report}"
+    return report
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("executor", "origin", "moment", "problem"),
+    [
+        (
+            broken.SwallowsTheCancel,
+            "local",
+            "step step",
+            "reached step step after the run had seen the cancel",
+        ),
+        (
+            broken.StepAfterCaught,
+            "local",
+            "step step",
+            "reached step scrub after the run had seen the cancel",
+        ),
+        (broken.ClaimOnHappyPath, "local", "scrub", "released() was false when the cancel returned"),
+        (broken.BackgroundOutlivesRun, "local", "step step", "a task it started (BackgroundOutlivesRun.work"),
+        (broken.ThreadNeverChecks, "local", "WORKING is stored", "a thread it started still ran 0.2 s"),
+        (
+            broken.CancelHangs,
+            "local",
+            "step step",
+            "CancelHangs.cancel() did not return within the grace period",
+        ),
+        (broken.CancelRaises, "local", "step step", "CancelRaises.cancel() raised RuntimeError"),
+        (
+            broken.LoopWithoutCheckpoint,
+            "remote",
+            "await asyncio.sleep in execute > work > io",
+            "went on to await",
+        ),
+    ],
+)
+async def test_each_defect_fails_its_row(executor: type, origin: str, moment: str, problem: str) -> None:
+    """The row where the defect shows fails, and says what went wrong there."""
+    report = await swept(executor, origins=(origin,), released=broken.unreleased)
+    moments = failing(report, origin, problem)
+    assert any(moment in each for each in moments), f"{problem!r} not at {moment!r}:\n{report}"
+    assert problem in str(report) and "Replay it" in str(report)
+
+
+@pytest.mark.asyncio
+async def test_a_remote_cancel_must_be_noticed_at_the_next_checkpoint() -> None:
+    """The loop with no checkpoint passes every local row where the cancel interrupts it, and
+    fails where only a checkpoint could notice: a remote cancel between two tool calls."""
+    report = await swept(broken.LoopWithoutCheckpoint, origins=("local", "remote"))
+    interrupted = [row for row in report.rows if row.landing == "interrupted"]
+    assert interrupted and all(row.ok for row in interrupted)
+    assert failing(report, "remote", "went on to await asyncio.sleep in execute > work > io")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("executor", "released"),
+    [(Pipeline, claim_released), (functools.partial(DemoAgent, 0.001, 0.001), None)],
+    ids=["README's Pipeline", "demo agent"],
+)
+async def test_good_executors_hold_on_every_row(executor: object, released: object) -> None:
+    report = await swept(executor, released=released)
+    assert report.ok, str(report)
+    kinds = {row.point.kind for row in report.rows[1:] if row.point}
+    assert kinds == {"publish", "published", "checkpoint", "await", "ended"}
+    assert {row.origin for row in report.rows[1:]} == {"local", "remote", "client leaves"}
+    assert {row.landing for row in report.rows if row.point and row.point.kind == "await"} == {
+        "as it returns",
+        "interrupted",
+    }
+
+
+@pytest.mark.asyncio
+async def test_a_parked_conversation_holds_for_cancels_on_its_replica() -> None:
+    """Parked, followed up, and cancelled before the follow-up's execute() starts."""
+    demo = functools.partial(DemoAgent, 0.001, 0.001)
+    report = await swept(demo, message=["ask", "markdown"], origins=("local", "client leaves"))
+    assert report.ok, str(report)
+    landings = {(row.point.kind, row.landing) for row in report.rows[1:] if row.point}
+    assert {("parked", "alone"), ("parked", "follow-up racing"), ("start", "")} <= landings
+
+
+@pytest.mark.asyncio
+async def test_a_remote_cancel_of_a_parked_task_leaves_its_replicas_streams_open() -> None:
+    """A known limit (see README, Limits): nothing runs on the replica where the task is
+    parked, so nothing there notices what another replica recorded; the store is right."""
+    demo = functools.partial(DemoAgent, 0.001, 0.001)
+    report = await sweep(demo, message=["ask", "markdown"], origins=("remote",), grace_period=GRACE)
+    parked = [row for row in report.rows if row.point and row.point.kind == "parked"]
+    assert parked and all(row.seen["store"] == "CANCELED" for row in parked)
+    assert all(row.seen["subscriber"] == "open after INPUT_REQUIRED" for row in parked)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_row_replays_from_its_scenario_file(tmp_path: Path) -> None:
+    report = await swept(broken.ClaimOnHappyPath, origins=("local",), released=broken.unreleased)
+    row = report.failures[0]
+    assert 'executor = "tests.sweep_executors:ClaimOnHappyPath"' in row.scenario
+    saved = tmp_path / "cancel_claim.toml"
+    saved.write_text(row.scenario)
+    replayed = play(saved)
+    assert not replayed.ok
+    assert replayed.rows[0].failures == row.failures
+    with pytest.raises(AssertionError, match="released"):
+        replayed.assert_ok()
+
+
+@pytest.mark.asyncio
+async def test_a_scenario_file_says_what_each_observer_must_see(tmp_path: Path) -> None:
+    """A good moment replays green; the same moment with another expectation fails, naming it."""
+    report = await swept(Pipeline, origins=("remote",), released=claim_released)
+    row = next(row for row in report.rows if row.point and row.point.kind == "checkpoint")
+    saved = tmp_path / "cancel_remote.toml"
+    saved.write_text(row.scenario)
+    assert play(saved).ok
+    saved.write_text(row.scenario.replace('stream = "CANCELED"', 'stream = "COMPLETED"'))
+    assert play(saved).rows[0].failures == ["the stream ended on CANCELED, not COMPLETED"]
+
+
+def test_a_file_that_is_no_scenario_is_refused(tmp_path: Path) -> None:
+    saved = tmp_path / "cancel_bad.toml"
+    saved.write_text('executor = "a2a_cancelfix.testing.examples:Pipeline"\n')
+    with pytest.raises(ValueError, match="not a scenario file"):
+        play(saved)
+
+
+@pytest.mark.asyncio
+async def test_origins_are_checked() -> None:
+    with pytest.raises(ValueError, match="origins must be among"):
+        await sweep(Pipeline, origins=("mars",))
+
+
+def cli(*arguments: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "a2a_cancelfix", *arguments]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_the_sweep_command_prints_the_table_and_exits_by_the_rows() -> None:
+    good = cli("sweep", "a2a_cancelfix.testing.examples:Pipeline", "--grace-period", "0.2")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "publishes COMPLETED" in good.stdout and "rows hold." in good.stdout
+    bad = cli("sweep", "tests.sweep_executors:CancelRaises", "--json", "--grace-period", "0.2")
+    assert bad.returncode == 1, bad.stderr
+    rows = json.loads(bad.stdout)
+    assert any("CancelRaises.cancel() raised RuntimeError" in " ".join(row["failures"]) for row in rows)
+    assert {"moment", "origin", "landing", "answer", "seen", "ok", "failures", "scenario"} <= set(rows[0])
+
+
+def test_the_play_command_exits_by_the_row(tmp_path: Path) -> None:
+    scenario = tmp_path / "cancel_raises.toml"
+    command = ("sweep", "tests.sweep_executors:CancelRaises", "--json", "--origin", "local")
+    swept_rows = json.loads(cli(*command).stdout)
+    scenario.write_text(next(row["scenario"] for row in swept_rows if not row["ok"]))
+    shown = cli("play", str(scenario))
+    assert shown.returncode == 1 and "CancelRaises.cancel() raised RuntimeError" in shown.stdout
+    assert cli("sweep", "no_such_module:Thing").returncode == 2
+
+
+def test_the_pytest_plugin_collects_scenario_files(pytester: pytest.Pytester) -> None:
+    """Installed, a2a-cancelfix's plugin makes each cancel_*.toml a test item."""
+    good = Path(pytester.path, "cancel_good.toml")
+    good.write_text(
+        'executor = "a2a_cancelfix.testing.examples:Pipeline"\n'
+        "grace_period = 0.2\n"
+        '[cancel]\npoint = 5\nkind = "checkpoint"\nat = "step scrub"\norigin = "local"\n'
+        '[expect]\nanswer = "CANCELED"\nstore = "CANCELED"\n'
+    )
+    Path(pytester.path, "cancel_wrong.toml").write_text(
+        good.read_text().replace('store = "CANCELED"', 'store = "COMPLETED"')
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "ignore")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the store ended on CANCELED, not COMPLETED*"])
+
+
+@pytest.mark.asyncio
+async def test_a_remote_cancel_ends_canceled_even_when_cancel_raises_there() -> None:
+    """Another replica recorded CANCELED: the replica that runs the task publishes CANCELED
+    too when its ``cancel()`` raises (it published FAILED, which the store refused, so its
+    streams and push ended on a state the store does not hold)."""
+    report = await swept(broken.CancelRaises, origins=("remote",))
+    noticed = [row for row in report.rows[1:] if row.answer == "CANCELED"]
+    assert noticed
+    for row in noticed:
+        assert {row.seen[name] for name in ("store", "stream", "subscriber", "push")} == {"CANCELED"}, row
