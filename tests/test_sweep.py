@@ -98,6 +98,8 @@ async def test_a_remote_cancel_must_be_noticed_at_the_next_checkpoint() -> None:
 async def test_good_executors_hold_on_every_row(executor: object, released: object) -> None:
     report = await swept(executor, released=released)
     assert report.ok, str(report)
+    if executor is Pipeline:
+        assert f"holds\non all {len(report.rows)} rows" in (ROOT / "README.md").read_text()
     kinds = {row.point.kind for row in report.rows[1:] if row.point}
     assert kinds == {"publish", "published", "checkpoint", "await", "ended"}
     assert {row.origin for row in report.rows[1:]} == {"local", "remote", "client leaves"}
@@ -220,3 +222,38 @@ async def test_a_remote_cancel_ends_canceled_even_when_cancel_raises_there() -> 
     assert noticed
     for row in noticed:
         assert {row.seen[name] for name in ("store", "stream", "subscriber", "push")} == {"CANCELED"}, row
+
+
+def readme_blocks(after: str) -> list[str]:
+    """The code blocks of the README's section ``after``."""
+    text = (ROOT / "README.md").read_text().split(after, 1)[1].split("\n## ", 1)[0]
+    return [block.split("\n", 1)[1] for block in text.split("```")[1::2]]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("change", "block"),
+    [
+        (("                await checkpoint()  # Between tool calls: a cancel stops before the next one.\n", ""), 1),
+        (("        try:\n            yield\n        finally:\n            self", "        yield\n        self"), 2),
+    ],
+    ids=["checkpoint removed", "claim released outside finally"],
+)
+async def test_the_readme_shows_the_row_that_fails(
+    change: tuple[str, str], block: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's example, broken as its text says, fails first the row the README quotes."""
+    source = (ROOT / "a2a_cancelfix" / "testing" / "examples.py").read_text()
+    assert change[0] in source
+    (tmp_path / "agent.py").write_text(source.replace(change[0], change[1]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import agent  # type: ignore[import-not-found]
+
+    report = await swept(agent.Pipeline, released=agent.claim_released)
+    quoted = readme_blocks("## Testing your executor")[block].strip().splitlines()
+    first = str(report).split("\n\n")[2].splitlines()  # After the table and the count.
+    assert first[:2] == quoted
+    count = {1: "three rows fail", 2: "39 rows fail"}[block]
+    assert len(report.failures) == {"three rows fail": 3, "39 rows fail": 39}[count]
+    assert count in (ROOT / "README.md").read_text()
+    sys.modules.pop("agent")
