@@ -14,7 +14,7 @@ from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import TaskState
 
-from a2a_cancelfix import RunCancelled, cancellable
+from a2a_cancelfix import RunCancelled, cancellable, shielded
 from a2a_cancelfix.testing.examples import Pipeline, io, scrub
 
 
@@ -105,6 +105,15 @@ class CancelHangs(Agent):
 class CancelRaises(Agent):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         raise RuntimeError("the LLM provider refused the abort")
+
+
+class ShieldOutlastsGrace(Agent):
+    """Shields a write that takes longer than the grace period: the teardown cuts it."""
+
+    async def work(self) -> None:
+        await step()
+        async with shielded():
+            await asyncio.sleep(0.5)  # Stands in for a slow write.
 
 
 class LoopWithoutCheckpoint(Agent):

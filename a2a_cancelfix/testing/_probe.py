@@ -61,13 +61,13 @@ class Probe:
 
     Each point is awaited in the run's own task: at the target, the probe sets ``reached`` and
     waits until the sweep opens ``gate`` (or, for an interrupted await, until the cancel's
-    interrupt arrives).
+    interrupt arrives there).
     """
 
-    def __init__(self, target: int | None = None, interrupt: bool = False) -> None:
+    def __init__(self, target: int | None = None, pending: bool = False) -> None:
         self.points: list[Point] = []
         self.target = target
-        self.interrupt = interrupt
+        self.pending = pending  # At an await target: hold while it is pending, not as it returns.
         self.reached = asyncio.Event()
         self.gate = asyncio.get_running_loop().create_future()
         self.runs = 0
@@ -209,8 +209,8 @@ class _Driven:
                 probe._suspends(run, where)
                 index = len(probe.points)
                 holds = index == probe.target
-                if holds and probe.interrupt and not run.shielded:
-                    # Held while the await is still pending: the cancel's interrupt lands here.
+                if holds and probe.pending:
+                    # Held while the await is still pending: the cancel lands during it.
                     probe.points.append(Point(index, "await", where, run.shielded))
                     probe.reached.set()
                     try:

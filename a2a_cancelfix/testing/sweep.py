@@ -64,8 +64,9 @@ class Row:
     Attributes:
         point: where the cancel landed (None for the uncancelled run).
         origin: one of `ORIGINS` ("" for the uncancelled run).
-        landing: for an await, "as it returns" or "interrupted" (the cancel's interrupt lands
-            on the pending await); for a parked task, "alone" or "follow-up racing".
+        landing: for an await, "as it returns", or during it: "interrupted" (the cancel's
+            interrupt lands on it) or, in a shielded section, "while pending" (the cancel must
+            wait for it); for a parked task, "alone" or "follow-up racing".
         answer: what the cancel answered: a state, an A2A error's name, or "client left".
         seen: the last state each observer saw: store, stream, subscriber, push, sender.
         failures: each broken promise, in words.
@@ -194,9 +195,11 @@ def _spec(factory: Any) -> str:
 
 
 def _landings(point: Point, origin: str) -> tuple[str, ...]:
+    if point.kind == "await" and origin == "local":
+        # During the await: the interrupt lands on it, or, shielded, must wait for it.
+        return ("as it returns", "while pending" if point.shielded else "interrupted")
     if point.kind == "await":
-        local = origin == "local" and not point.shielded
-        return ("as it returns", "interrupted") if local else ("as it returns",)
+        return ("as it returns",)
     if point.kind == "parked":
         return ("alone", "follow-up racing")
     return ("",)
@@ -244,7 +247,7 @@ class _Plan:
 
     async def _row(self, row: Row, point: Point, origin: str, landing: str) -> None:
         interrupt = landing == "interrupted"
-        probe = Probe(target=point.index, interrupt=interrupt)
+        probe = Probe(target=point.index, pending=landing in ("interrupted", "while pending"))
         bound = self.took + self.grace_period + MARGIN + BOUND
         async with _World(self, probe) as world:
             conversation = asyncio.ensure_future(world.converse(bound, race=landing == "follow-up racing"))
