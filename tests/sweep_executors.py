@@ -1,4 +1,5 @@
-"""Executors with one cancellation defect each, as real agents have them: the sweep must catch each."""
+"""Executors with one cancellation defect each, as real agents have them: the sweep must catch
+each; and one without, whose clean-up the sweep must not mistake for one."""
 
 from __future__ import annotations
 
@@ -122,6 +123,17 @@ class LoopWithoutCheckpoint(Agent):
     async def work(self) -> None:
         for _ in range(3):
             await io()
+
+
+class CleansUpShielded(Agent):
+    """No defect: its clean-up runs in a shielded section, which raises again as it ends."""
+
+    async def work(self) -> None:
+        try:
+            await step()
+        finally:
+            async with shielded():
+                await io()  # Stands in for releasing a lease.
 
 
 def unreleased(executor: Any) -> bool:

@@ -76,8 +76,12 @@ async def test_a_remote_cancel_must_be_noticed_at_the_next_checkpoint() -> None:
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("executor", "released"),
-    [(Pipeline, claim_released), (functools.partial(DemoAgent, 0.001, 0.001), None)],
-    ids=["README's Pipeline", "demo agent"],
+    [
+        (Pipeline, claim_released),
+        (functools.partial(DemoAgent, 0.001, 0.001), None),
+        (broken.CleansUpShielded, None),
+    ],
+    ids=["README's Pipeline", "demo agent", "shielded clean-up"],
 )
 async def test_good_executors_hold_on_every_row(executor: object, released: object) -> None:
     report = await swept(executor, released=released)
@@ -85,10 +89,10 @@ async def test_good_executors_hold_on_every_row(executor: object, released: obje
     if executor is Pipeline:
         assert f"holds\non all {len(report.rows)} rows" in (ROOT / "README.md").read_text()
     kinds = {row.point.kind for row in report.rows[1:] if row.point}
-    assert kinds == {"publish", "published", "checkpoint", "await", "ended"}
+    assert {"publish", "published", "checkpoint", "await", "ended"} <= kinds
     assert {row.origin for row in report.rows[1:]} == {"local", "remote", "client leaves"}
     landings = {row.landing for row in report.rows if row.point and row.point.kind == "await"}
-    assert landings == {"as it returns", "interrupted", "while pending"}
+    assert {"as it returns", "interrupted", "while pending"} <= landings
 
 
 @pytest.mark.asyncio

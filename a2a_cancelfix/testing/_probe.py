@@ -22,6 +22,7 @@ import a2a
 
 import a2a_cancelfix
 from a2a_cancelfix._sdk import terminal_state
+from a2a_cancelfix import checkpoints
 from a2a_cancelfix.checkpoints import Run, RunCancelled
 
 # An await that suspends inside a2a-sdk or us is the framework's, no point of the user's; one
@@ -34,6 +35,7 @@ _OURS_AS_USERS = (
     os.path.join(_FRAMEWORK[1], "testing", "examples.py"),
 )
 _STEP_WRAPPERS = ("async_step", "sync_step")  # @cancellable's: transparent.
+_SHIELD_EXIT = checkpoints.shielded.__wrapped__.__code__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -119,16 +121,16 @@ class Probe:
             try:
                 raise_if_cancelled()
             except RunCancelled:
-                self._saw_cancel(_where_raised())
+                self._saw_cancel(_where_raised(), sys._getframe(1).f_code is _SHIELD_EXIT)
                 raise
 
         run.raise_if_cancelled = raising  # type: ignore[method-assign]
         return _Driven(self, execute(context, _ReportingQueue(queue, self)), run)
 
-    def _saw_cancel(self, where: str) -> None:
+    def _saw_cancel(self, where: str, shield_exit: bool) -> None:
         if self.observed is None:
             self.observed = where
-        else:
+        elif not shield_exit:  # A shielded clean-up that ends raises again, as it should.
             self.late.append(f"{where} after the run had seen the cancel at {self.observed}")
 
     def _interrupted(self, run: Run, where: str) -> None:
