@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return server.run(arguments.host, arguments.port)
     if arguments.command in ("sweep", "play"):
-        return _test_executor(arguments)
+        return _kit(arguments)
 
     # The scenarios provoke misbehaving executors on purpose: keep their log lines quiet.
     logging.basicConfig(level=logging.CRITICAL)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(row.holds for row in rows) else 1
 
 
-def _test_executor(arguments: argparse.Namespace) -> int:
+def _kit(arguments: argparse.Namespace) -> int:
     """``sweep`` and ``play``: 0 when every row holds, 1 when one fails, 2 for bad input."""
     import asyncio
     import json
