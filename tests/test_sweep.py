@@ -243,3 +243,22 @@ async def test_the_readme_shows_the_row_that_fails(
     assert len(report.failures) == {"three rows fail": 3, "40 rows fail": 40}[count]
     assert count in (ROOT / "README.md").read_text()
     sys.modules.pop("agent")
+
+
+@pytest.mark.asyncio
+async def test_an_installed_executors_awaits_are_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An executor installed as a package (in site-packages, where libraries live) still has
+    its awaits swept: the code of the executor's own package is the user's."""
+    from a2a_cancelfix.testing import _probe
+
+    package = tmp_path / "installed_agent"
+    package.mkdir()
+    (package / "__init__.py").write_text((ROOT / "a2a_cancelfix" / "testing" / "examples.py").read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_probe, "_LIBRARIES", (*_probe._LIBRARIES, str(tmp_path)))
+    import installed_agent  # type: ignore[import-not-found]
+
+    report = await swept(installed_agent.Pipeline, origins=("local",))
+    awaits = [row.point.where for row in report.rows[1:] if row.point and row.point.kind == "await"]
+    assert any("in execute > call > io" in where for where in awaits), str(report)
+    sys.modules.pop("installed_agent")

@@ -112,6 +112,7 @@ class Probe:
         """Run ``execute`` on a queue that reports its events, one suspension at a time."""
         self.run, self.runs = run, self.runs + 1
         self.finished.clear()
+        _note_user(getattr(execute, "__self__", None))
         run._watch = _watching(self, run._watch)  # Every checkpoint is a point: look at each.
         run._interval = 0.0
         run._next_watch = 0.0
@@ -329,7 +330,21 @@ def _is_framework(frame: types.FrameType) -> bool:
 
 
 def _is_library(frame: types.FrameType) -> bool:
+    """The standard library, or an installed package other than the executor's own."""
+    module = str(frame.f_globals.get("__name__", ""))
+    if module in _USERS or module.partition(".")[0] in _USERS:
+        return False
     return frame.f_code.co_filename.startswith(_LIBRARIES)
+
+
+# The executors' packages (just the module, for ours): code of theirs is the user's wherever
+# it is installed.
+_USERS: set[str] = set()
+
+
+def _note_user(executor: object) -> None:
+    module = type(executor).__module__
+    _USERS.add(module if module.startswith("a2a_cancelfix.") else module.partition(".")[0])
 
 
 def _place(frame: types.FrameType) -> str:
