@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from a2a_cancelfix import FinalStateTaskStore, handler
+from a2a_cancelfix import FinalStateTaskStore, handler, scenarios
 from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
 
 from .support import logged
@@ -168,16 +168,6 @@ async def parked(bench: Bench) -> str:
     return await cancel(server, server.executor.task_id or "")
 
 
-async def refused(bench: Bench) -> str:
-    server = await bench.server(ScriptedExecutor())
-    stream = await start(server)
-    server.executor.step.open()
-    await stream.ended()
-    return await cancel(server, server.executor.task_id or "")
-
-
-async def unknown(bench: Bench) -> str:
-    return await cancel(await bench.server(ScriptedExecutor()), "no-such-task")
 
 
 async def message_to_finished(bench: Bench) -> str:
@@ -207,7 +197,7 @@ async def test_a_cancel_keeps_the_span_the_sdk_gives_it(recorder: Recorder, tran
     """Ours and stock answer an unknown id in the same span: name, kind, parents and status."""
     spans = {}
     for kind in ("stock", "ours"):
-        outcome, recorded_spans, _ = await recorded(recorder, kind, transport, unknown)
+        outcome, recorded_spans, _ = await recorded(recorder, kind, transport, scenarios.unknown_id)
         assert outcome == "TaskNotFound"
         span = the(recorded_spans, f"{SDK_SPAN}.on_cancel_task")
         spans[kind] = (lineage(span, recorded_spans), span.status.status_code, span)
@@ -297,7 +287,7 @@ async def test_a_refused_cancel_is_an_error_span_as_stock_makes_it(
 ) -> None:
     found = {}
     for kind in ("stock", "ours"):
-        outcome, spans, counts = await recorded(recorder, kind, transport, refused)
+        outcome, spans, counts = await recorded(recorder, kind, transport, scenarios.completed)
         assert outcome == "TaskNotCancelable"
         span = the(spans, f"{SDK_SPAN}.on_cancel_task")
         found[kind] = (lineage(span, spans), span.status.status_code)
