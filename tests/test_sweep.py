@@ -262,3 +262,10 @@ async def test_an_installed_executors_awaits_are_its_own(tmp_path: Path, monkeyp
     awaits = [row.point.where for row in report.rows[1:] if row.point and row.point.kind == "await"]
     assert any("in execute > call > io" in where for where in awaits), str(report)
     sys.modules.pop("installed_agent")
+
+
+@pytest.mark.asyncio
+async def test_a_sweep_is_deterministic() -> None:
+    """Swept twice, an executor shows the same rows: no row depends on timing."""
+    first, second = [await swept(broken.SwallowsTheCancel, origins=("local", "remote")) for _ in range(2)]
+    assert [row.as_dict() for row in first.rows] == [row.as_dict() for row in second.rows]
