@@ -84,6 +84,8 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             return
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
+        if lifecycle.parked:
+            lifecycle.parked.pop(task_id, None)  # Running again: the run looks for itself.
         watch = self._self_watcher(context, event_queue) if lifecycle.read_stored else None
         work = Work(Run(task_id, watch, lifecycle.poll_interval))
         lifecycle.works[task_id] = work
@@ -97,6 +99,9 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             if cancellation is not None:
                 # Returning lets the SDK close the request (and end its streams): CANCELED first.
                 await cancellation.published()
+            elif lifecycle.on_parked is not None and not has_ended(event_queue, context):
+                lifecycle.parked[task_id] = context.call_context
+                lifecycle.on_parked()
         finally:
             if lifecycle.works.get(task_id) is work:
                 del lifecycle.works[task_id]

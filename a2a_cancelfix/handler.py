@@ -66,8 +66,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             returns the CANCELED task (the spec calls cancel idempotent).
         replica_poll_interval: at most this often (seconds), a run's awaited checkpoints and
             enqueued events read the task store to learn of a cancel that another replica
-            recorded there; ``None`` turns it off. A run also reads it before it publishes a
-            terminal state.
+            recorded there, and so often the tasks parked here are read for one; ``None``
+            turns both off. A run also reads it before it publishes a terminal state.
 
     Raises:
         TypeError, ValueError: an option outside its documented values.
@@ -98,6 +98,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         lifecycle.inline = _sdk.SUPPORTED
         if poll is not None:
             lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, poll
+            lifecycle.on_parked = self._look_at_parked_soon
+        self._parked_looks: asyncio.TimerHandle | None = None
         self.cancel_grace_period = grace
         self.on_parked = on_parked
         self.on_canceled = on_canceled
@@ -152,6 +154,52 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             keep(self._drive(cancellation, params, task, active, context))
             raise
         return answer.result()
+
+    def _look_at_parked_soon(self) -> None:
+        """Look at the parked tasks after one poll interval: one timer for all of them."""
+        if self._parked_looks is None:
+            loop = asyncio.get_running_loop()
+            self._parked_looks = loop.call_later(self._lifecycle.poll_interval, self._look_at_parked)
+
+    def _look_at_parked(self) -> None:
+        self._parked_looks = None
+        keep(self._looks_at_parked())
+
+    async def _looks_at_parked(self) -> None:
+        """Cancel here each parked task that another replica cancelled in the store.
+
+        Its run here is still live (the SDK keeps it for the follow-up), with its subscribers
+        and push configs: they end on CANCELED as for a cancel made here. A task that resumed,
+        ended, or whose run closed is forgotten.
+        """
+        parked = self._lifecycle.parked
+        for task_id, caller in list(parked.items()):
+            try:
+                stored = await _sdk.read_task(self, task_id, caller)
+            except Exception:  # A store hiccup must not end the looking; the next look retries.
+                logger.warning("could not read parked task %s to look for a remote cancel", task_id, exc_info=True)
+                continue
+            state = None if stored is None else stored.status.state
+            if state in _sdk.PARKED_STATES or parked.get(task_id) is not caller:
+                continue  # Still parked; or resumed or cancelled here meanwhile.
+            del parked[task_id]
+            active = await _sdk.live_task(self, task_id)
+            if stored is not None and state == _sdk.CANCELED and active is not None:
+                await self._cancel_noticed(stored, active, caller)
+        if parked:
+            self._look_at_parked_soon()
+
+    async def _cancel_noticed(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
+        """Carry out here the cancel another replica recorded for a task parked here."""
+        status = stored.status
+        stored_at = status.timestamp.ToMicroseconds() / 1e6 if status.HasField("timestamp") else None
+        span = _telemetry.remote_cancel_span(stored.id, stored_at)
+        cancellation = self._lifecycle.begin(stored.id, "canceled on another replica", span)
+        cancellation.recorded = True
+        try:
+            await self._drive(cancellation, CancelTaskRequest(id=stored.id), stored, active, caller)
+        finally:
+            _telemetry.end(span)
 
     async def _stored_for_run(self, context: RequestContext) -> Task | None:
         """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
@@ -217,6 +265,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         started = time.monotonic()
         if active is not None:
             path = "parked" if task.status.state in _sdk.PARKED_STATES else "live"
+            path = "parked, canceled elsewhere" if cancellation.recorded else path
             result = await self._cancel_live(cancellation, active, task, context)
         elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
             path, result = "not live here", await self._write_canceled(task.id, context)

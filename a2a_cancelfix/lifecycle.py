@@ -329,6 +329,11 @@ class Lifecycle:
         # Set by a2a_cancelfix.testing's sweep: it sees each run's cancel points and holds the
         # run at one of them while the cancel lands.
         self.probe: Any = None
+        # Tasks whose run returned without ending them (parked, most likely), with the caller
+        # that ran them: nothing runs here to notice a cancel another replica records, so our
+        # handler looks for them (``on_parked``: a task was added).
+        self.parked: dict[str, Any] = {}
+        self.on_parked: Callable[[], None] | None = None
 
     def begin(self, task_id: str, reason: str = "cancel requested", span: Any = None) -> Cancellation:
         """The cancel in progress of ``task_id``, or a new one (its deadline fixed now).
@@ -337,6 +342,8 @@ class Lifecycle:
         """
         cancellation = self.cancellations.get(task_id)
         if cancellation is None:
+            if self.parked:
+                self.parked.pop(task_id, None)  # This cancel is the one that ends it.
             span = span if span is not None else _telemetry.current_span()
             cancellation = self.cancellations[task_id] = Cancellation(self, task_id, reason, span)
         return cancellation

@@ -7,13 +7,24 @@ tests/test_replica_servers.py do the same with real server processes on SQLite a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import pytest
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
 
-from a2a_cancelfix import FinalStateTaskStore, checkpoint
-from a2a_cancelfix.testing import Changes, ScriptedExecutor, cancel, make_server, start, stored, within
+from a2a_cancelfix import FinalStateTaskStore, _sdk, checkpoint
+from a2a_cancelfix.testing import (
+    Changes,
+    ScriptedExecutor,
+    Stream,
+    cancel,
+    make_server,
+    start,
+    stored,
+    wait_all_tasks_blocked,
+    within,
+)
 
 SLICE = 0.001
 """Seconds of work between two checkpoints."""
@@ -128,3 +139,37 @@ async def test_a_store_that_fails_to_answer_does_not_fail_the_run(caplog) -> Non
     assert sum("could not read task" in r.getMessage() for r in caplog.records) >= 2  # ... logging each.
     assert not a.executor.stopped.is_set()
     assert await within(cancel(a, a.executor.task_id)) == "CANCELED"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_task_parked_here_and_canceled_elsewhere_ends_canceled_here(kind: str) -> None:
+    """Nothing runs on A for a task parked there; A looks at it once per poll interval, and
+    its subscriber, its push config and its cancel() learn of B's CANCELED. Stock: B's cancel
+    hangs up to 1.1.5; from 1.2.0 it answers, and A's subscriber stays open, parked."""
+    store = FinalStateTaskStore(InMemoryTaskStore())
+    options = {"replica_poll_interval": 0.01} if kind == "ours" else {}
+    a = make_server(kind, ScriptedExecutor(park=True), store=store, **options)
+    b = make_server(kind, ScriptedExecutor(), store=store, **options)
+    await start(a, push_url="http://push.invalid/a")
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(a.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    answered = await outcome_within(cancel(b, task_id))
+    if kind == "stock":
+        assert answered == ("CANCELED" if _sdk.SDK_CANCELS_WHERE_NOT_LIVE else "HANG")
+        await wait_all_tasks_blocked()
+        assert not subscriber.task.done() and not a.executor.cancel_called.is_set()
+        return
+    assert answered == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    await a.push.posted("http://push.invalid/a", "CANCELED")
+    assert a.executor.cancel_called.is_set()
+    assert await stored(a, task_id) == "CANCELED"
+
+
+async def outcome_within(call: Awaitable[str], seconds: float = 1.0) -> str:
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except asyncio.TimeoutError:
+        return "HANG"

@@ -52,6 +52,8 @@ TERMINAL = ("COMPLETED", "CANCELED", "FAILED", "REJECTED")
 PARKED = ("INPUT_REQUIRED", "AUTH_REQUIRED")
 RUN_BOUND = 30.0
 """Seconds the uncancelled run may take, at most."""
+PARKED_LOOKS = 0.02
+"""How often replica A looks at a task parked there for a cancel that B recorded."""
 
 Factory = Callable[[], Any]
 Released = Callable[[Any], "bool | Awaitable[bool]"]
@@ -264,8 +266,11 @@ class _Plan:
                 row.failures.append(f"point {point.index} is {here.where} in this run, not {point.where}")
             await world.land(row, probe, origin, interrupt)
             await asyncio.wait({conversation}, timeout=bound)
-            if world.parked_stream and (world.stream_over or row.expected["answer"] != ("CANCELED",)):
-                row.expected["stream"] = (world.parked_stream,)  # Its request had ended, parked.
+            parked = world.stream_parked or world.parked_stream
+            if parked and (world.stream_over or row.expected["answer"] != ("CANCELED",)):
+                row.expected["stream"] = (parked,)  # Its request had ended, parked.
+            elif parked:  # It had the parked state: it may end there, as its request did.
+                row.expected["stream"] = (*row.expected["stream"], parked)
             await world.observe(row, probe)
             if self.expect is not None:  # A scenario file says what each must see.
                 row.expected = dict(self.expect)
@@ -293,12 +298,13 @@ class _World:
         self.followed_up: asyncio.Future[Any] | None = None
         self.stop = False  # The cancel landed on a parked task: no follow-up comes.
         self.parked_stream = ""  # Where the sender's stream ended, if the task parked first.
-        self.stream_over = False  # Whether it had ended when the cancel landed.
+        self.stream_over = False  # Whether it had ended when the cancel landed,
+        self.stream_parked = ""  # and the parked state it had seen by then.
         self.threads = set(threading.enumerate())
         self.pool = _TrackedPool()
         self.owned: set[asyncio.Task[Any]] = set()
 
-    def _handler(self, executor: Any, poll: float | None = 3600.0) -> DefaultRequestHandler:
+    def _handler(self, executor: Any, poll: float | None = PARKED_LOOKS) -> DefaultRequestHandler:
         card = _wire.agent_card("jsonrpc", "http://127.0.0.1/")
         sender = BasePushNotificationSender(self.push.client, self.configs, caller())
         return DefaultRequestHandler(
@@ -308,7 +314,7 @@ class _World:
             push_config_store=self.configs,
             push_sender=sender,
             cancel_grace_period=self.plan.grace_period,
-            replica_poll_interval=poll,  # The probe makes the run look at every point.
+            replica_poll_interval=poll,  # A run looks at every point: the probe sees to it.
         )
 
     @property
@@ -456,6 +462,7 @@ class _World:
         _expect(row, {"answer": (expected,)})
         _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
         self.stream_over = self.sender is not None and self.sender.task.done()
+        self.stream_parked = next((state for state in self.states.get("stream", []) if state in PARKED), "")
         if self.followed_up is not None:
             row.expected["sender"] = (final, "UnsupportedOperation") if applies else (final,)
         if applies and row.answer != "HANG":
