@@ -4,6 +4,7 @@ its scenario file, in Python, from the shell and as a pytest item."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import subprocess
@@ -46,8 +47,18 @@ DEFECTS = [
     (broken.ThreadNeverChecks, "local", "WORKING is stored", "a thread it started still ran 0.2 s"),
     (broken.CancelHangs, "local", "step step", "cancel() did not return within the grace period"),
     (broken.CancelRaises, "local", "step step", "CancelRaises.cancel() raised RuntimeError"),
-    (broken.ShieldOutlastsGrace, "local", "while pending", "a shielded section was cut at await asyncio.sleep"),
-    (broken.LoopWithoutCheckpoint, "remote", "await asyncio.sleep in execute > work > io", "went on to await"),
+    (
+        broken.ShieldOutlastsGrace,
+        "local",
+        "while pending",
+        "a shielded section was cut at await asyncio.sleep",
+    ),
+    (
+        broken.LoopWithoutCheckpoint,
+        "remote",
+        "await asyncio.sleep in execute > work > io",
+        "went on to await",
+    ),
 ]
 
 
@@ -165,21 +176,23 @@ def test_the_sweep_command_prints_the_table_and_exits_by_the_rows() -> None:
     good = cli("sweep", "a2a_cancelfix.testing.examples:Pipeline", "--grace-period", "0.2")
     assert good.returncode == 0, good.stdout + good.stderr
     assert "publishes COMPLETED" in good.stdout and "rows hold." in good.stdout
-    bad = cli("sweep", "tests.sweep_executors:CancelRaises", "--json", "--grace-period", "0.2")
+    bad = cli(
+        "sweep", "tests.sweep_executors:CancelRaises", "--json", "--origin", "local", "--grace-period", "0.2"
+    )
     assert bad.returncode == 1, bad.stderr
     rows = json.loads(bad.stdout)
     assert any("CancelRaises.cancel() raised RuntimeError" in " ".join(row["failures"]) for row in rows)
     assert {"moment", "origin", "landing", "answer", "seen", "ok", "failures", "scenario"} <= set(rows[0])
 
 
-def test_the_play_command_exits_by_the_row(tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_the_play_command_exits_by_the_row(tmp_path: Path) -> None:
     scenario = tmp_path / "cancel_raises.toml"
-    command = ("sweep", "tests.sweep_executors:CancelRaises", "--json", "--origin", "local")
-    swept_rows = json.loads(cli(*command).stdout)
-    scenario.write_text(next(row["scenario"] for row in swept_rows if not row["ok"]))
-    shown = cli("play", str(scenario))
+    report = await swept(broken.CancelRaises, origins=("local",))
+    scenario.write_text(report.failures[0].scenario)
+    shown = await asyncio.to_thread(cli, "play", str(scenario))
     assert shown.returncode == 1 and "CancelRaises.cancel() raised RuntimeError" in shown.stdout
-    assert cli("sweep", "no_such_module:Thing").returncode == 2
+    assert (await asyncio.to_thread(cli, "sweep", "no_such_module:Thing")).returncode == 2
 
 
 def test_the_pytest_plugin_collects_scenario_files(pytester: pytest.Pytester) -> None:
@@ -221,8 +234,20 @@ def readme_blocks(after: str) -> list[str]:
 @pytest.mark.parametrize(
     ("change", "block"),
     [
-        (("                await checkpoint()  # Between tool calls: a cancel stops before the next one.\n", ""), 1),
-        (("        try:\n            yield\n        finally:\n            self", "        yield\n        self"), 2),
+        (
+            (
+                "                await checkpoint()  # Between tool calls: a cancel stops before the next one.\n",
+                "",
+            ),
+            1,
+        ),
+        (
+            (
+                "        try:\n            yield\n        finally:\n            self",
+                "        yield\n        self",
+            ),
+            2,
+        ),
     ],
     ids=["checkpoint removed", "claim released outside finally"],
 )
@@ -247,7 +272,9 @@ async def test_the_readme_shows_the_row_that_fails(
 
 
 @pytest.mark.asyncio
-async def test_an_installed_executors_awaits_are_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_installed_executors_awaits_are_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An executor installed as a package (in site-packages, where libraries live) still has
     its awaits swept: the code of the executor's own package is the user's."""
     from a2a_cancelfix.testing import _probe
