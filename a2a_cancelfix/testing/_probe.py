@@ -21,8 +21,8 @@ from typing import Any
 import a2a
 
 import a2a_cancelfix
-from a2a_cancelfix._sdk import terminal_state
 from a2a_cancelfix import checkpoints
+from a2a_cancelfix._sdk import terminal_state
 from a2a_cancelfix.checkpoints import Run, RunCancelled
 
 # An await that suspends inside a2a-sdk or us is the framework's, no point of the user's; one

@@ -25,52 +25,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from a2a_cancelfix.testing._probe import Point
-
-if TYPE_CHECKING:
-    from a2a_cancelfix.testing.sweep import Report, Row, _Plan
+from a2a_cancelfix.testing.sweep import Report, _Plan
+from a2a_cancelfix.testing.waits import in_own_loop
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
-
-
-def render(plan: _Plan, row: Row) -> str:
-    """The scenario file that replays ``row``, expecting what the sweep expected."""
-    point = row.point
-    if point is None:
-        return ""
-    lines = [
-        "# One cancel moment, replayed by `a2a-cancelfix play FILE` (written by a2a-cancelfix sweep).",
-        f"executor = {_string(plan.spec or '<MODULE:NAME of your executor factory>')}",
-        f"messages = {json.dumps(plan.messages, ensure_ascii=False)}",
-        f"grace_period = {plan.grace_period!r}",
-    ]
-    released = _spec(plan.released)
-    if released:
-        lines.append(f"released = {_string(released)}")
-    lines += [
-        "",
-        "[cancel]",
-        f"point = {point.index}",
-        f"kind = {_string(point.kind)}",
-        f"at = {_string(point.where)}",
-        f"shielded = {'true' if point.shielded else 'false'}",
-        f"origin = {_string(row.origin)}",
-        f"landing = {_string(row.landing)}",
-        "",
-        "[expect]",
-    ]
-    for name, allowed in row.expected.items():
-        value = _string(allowed[0]) if len(allowed) == 1 else json.dumps(list(allowed), ensure_ascii=False)
-        lines.append(f"{name} = {value}")
-    return "\n".join(lines) + "\n"
 
 
 def play(path: str | Path) -> Report:
@@ -83,9 +49,6 @@ def play(path: str | Path) -> Report:
     Raises:
         ValueError: a file that does not describe a moment.
     """
-    from a2a_cancelfix.testing.sweep import Report, _Plan
-    from a2a_cancelfix.testing.waits import in_own_loop
-
     path = Path(path)
     spec = tomllib.loads(path.read_text(encoding="utf-8"))
     try:
@@ -129,13 +92,3 @@ def load(spec: str) -> Any:
 
 def _allowed(value: Any) -> tuple[str, ...]:
     return tuple(str(each) for each in value) if isinstance(value, list) else (str(value),)
-
-
-def _spec(thing: Any) -> str:
-    from a2a_cancelfix.testing.sweep import _spec as spec_of
-
-    return spec_of(thing) if thing is not None else ""
-
-
-def _string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)  # A TOML basic string.

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -642,7 +643,37 @@ async def _set_within(event: asyncio.Event, seconds: float) -> bool:
 
 
 def _scenario(plan: _Plan, row: Row) -> Row:
-    from a2a_cancelfix.testing.scenario_file import render
-
-    row.scenario = render(plan, row)
+    """Give ``row`` the scenario file that replays it, expecting what the sweep expected."""
+    point = row.point
+    if point is None:
+        return row
+    lines = [
+        "# One cancel moment, replayed by `a2a-cancelfix play FILE` (written by a2a-cancelfix sweep).",
+        f"executor = {_string(plan.spec or '<MODULE:NAME of your executor factory>')}",
+        f"messages = {json.dumps(plan.messages, ensure_ascii=False)}",
+        f"grace_period = {plan.grace_period!r}",
+    ]
+    released = _spec(plan.released) if plan.released is not None else ""
+    if released:
+        lines.append(f"released = {_string(released)}")
+    lines += [
+        "",
+        "[cancel]",
+        f"point = {point.index}",
+        f"kind = {_string(point.kind)}",
+        f"at = {_string(point.where)}",
+        f"shielded = {'true' if point.shielded else 'false'}",
+        f"origin = {_string(row.origin)}",
+        f"landing = {_string(row.landing)}",
+        "",
+        "[expect]",
+    ]
+    for name, allowed in row.expected.items():
+        value = _string(allowed[0]) if len(allowed) == 1 else json.dumps(list(allowed), ensure_ascii=False)
+        lines.append(f"{name} = {value}")
+    row.scenario = "\n".join(lines) + "\n"
     return row
+
+
+def _string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)  # A TOML basic string.
