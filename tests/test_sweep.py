@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from a2a_cancelfix.__main__ import main
 from a2a_cancelfix.demo import DemoAgent
 from a2a_cancelfix.testing import Report, play, sweep
 from a2a_cancelfix.testing.examples import Pipeline, claim_released
@@ -167,32 +168,30 @@ async def test_origins_are_checked() -> None:
         await sweep(Pipeline, origins=("mars",))
 
 
-def cli(*arguments: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "a2a_cancelfix", *arguments]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
 def test_the_sweep_command_prints_the_table_and_exits_by_the_rows() -> None:
-    good = cli("sweep", "a2a_cancelfix.testing.examples:Pipeline", "--grace-period", "0.2")
+    command = [sys.executable, "-m", "a2a_cancelfix", "sweep", "a2a_cancelfix.testing.examples:Pipeline"]
+    good = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "publishes COMPLETED" in good.stdout and "rows hold." in good.stdout
-    bad = cli(
-        "sweep", "tests.sweep_executors:CancelRaises", "--json", "--origin", "local", "--grace-period", "0.2"
-    )
-    assert bad.returncode == 1, bad.stderr
-    rows = json.loads(bad.stdout)
+
+
+def test_the_sweep_command_prints_json_and_fails_with_a_row(capsys: pytest.CaptureFixture[str]) -> None:
+    arguments = ["sweep", "tests.sweep_executors:CancelRaises", "--json", "--origin", "local"]
+    assert main([*arguments, "--grace-period", "0.2"]) == 1
+    rows = json.loads(capsys.readouterr().out)
     assert any("CancelRaises.cancel() raised RuntimeError" in " ".join(row["failures"]) for row in rows)
     assert {"moment", "origin", "landing", "answer", "seen", "ok", "failures", "scenario"} <= set(rows[0])
 
 
 @pytest.mark.asyncio
-async def test_the_play_command_exits_by_the_row(tmp_path: Path) -> None:
+async def test_the_play_command_exits_by_the_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scenario = tmp_path / "cancel_raises.toml"
     report = await swept(broken.CancelRaises, origins=("local",))
     scenario.write_text(report.failures[0].scenario)
-    shown = await asyncio.to_thread(cli, "play", str(scenario))
-    assert shown.returncode == 1 and "CancelRaises.cancel() raised RuntimeError" in shown.stdout
-    assert (await asyncio.to_thread(cli, "sweep", "no_such_module:Thing")).returncode == 2
+    assert await asyncio.to_thread(main, ["play", str(scenario)]) == 1
+    assert "CancelRaises.cancel() raised RuntimeError" in capsys.readouterr().out
+    assert await asyncio.to_thread(main, ["sweep", "no_such_module:Thing"]) == 2
+    assert "No module named 'no_such_module'" in capsys.readouterr().err
 
 
 def test_the_pytest_plugin_collects_scenario_files(pytester: pytest.Pytester) -> None:
@@ -207,7 +206,7 @@ def test_the_pytest_plugin_collects_scenario_files(pytester: pytest.Pytester) ->
     Path(pytester.path, "cancel_wrong.toml").write_text(
         good.read_text().replace('store = "CANCELED"', 'store = "COMPLETED"')
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "ignore")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*the store ended on CANCELED, not COMPLETED*"])
 
