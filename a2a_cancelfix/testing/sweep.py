@@ -408,6 +408,8 @@ class _World:
         assert point is not None
         self.task_id = self.task_id or _run_task_id(probe)
         before = await self.stored()
+        self.stream_over = self.sender is not None and self.sender.task.done()
+        self.stream_parked = next((state for state in self.states.get("stream", []) if state in PARKED), "")
         expected = "TaskNotFound" if before in ("nothing", "TaskNotFound") else "CANCELED"
         if before in TERMINAL:
             expected = "TaskNotCancelable"
@@ -462,8 +464,6 @@ class _World:
                 row.failures.append(f"{self.name}.cancel() did not return within the grace period: it hangs")
         _expect(row, {"answer": (expected,)})
         _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
-        self.stream_over = self.sender is not None and self.sender.task.done()
-        self.stream_parked = next((state for state in self.states.get("stream", []) if state in PARKED), "")
         if self.followed_up is not None:
             row.expected["sender"] = (final, "UnsupportedOperation") if applies else (final,)
         if applies and row.answer != "HANG":
