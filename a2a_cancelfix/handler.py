@@ -174,6 +174,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """
         parked = self._lifecycle.parked
         for task_id, caller in list(parked.items()):
+            active = await _sdk.live_task(self, task_id)
+            if active is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
+                if parked.get(task_id) is caller:
+                    del parked[task_id]
+                continue
             try:
                 stored = await _sdk.read_task(self, task_id, caller)
             except Exception:  # A store hiccup must not end the looking; the next look retries.
@@ -183,8 +188,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             if state in _sdk.PARKED_STATES or parked.get(task_id) is not caller:
                 continue  # Still parked; or resumed or cancelled here meanwhile.
             del parked[task_id]
-            active = await _sdk.live_task(self, task_id)
-            if stored is not None and state == _sdk.CANCELED and active is not None:
+            if stored is not None and state == _sdk.CANCELED:
                 await self._cancel_noticed(stored, active, caller)
         if parked:
             self._look_at_parked_soon()

@@ -26,6 +26,8 @@ from a2a_cancelfix.testing import (
     within,
 )
 
+from .support import eventually
+
 SLICE = 0.001
 """Seconds of work between two checkpoints."""
 CHECKPOINTS = 100
@@ -173,3 +175,17 @@ async def outcome_within(call: Awaitable[str], seconds: float = 1.0) -> str:
         return await asyncio.wait_for(call, seconds)
     except asyncio.TimeoutError:
         return "HANG"
+
+
+@pytest.mark.asyncio
+async def test_a_parked_task_whose_run_closed_here_is_forgotten() -> None:
+    """A parked run the SDK closes (a2a-sdk 1.3's idle timeout, a teardown) has nothing left
+    here to tell: the replica stops looking at its task, which may stay parked for good."""
+    a = make_server("ours", ScriptedExecutor(park=True), replica_poll_interval=0.01)
+    await start(a)
+    task_id = a.executor.task_id or ""
+    parked = a.handler.agent_executor.cancel_lifecycle.parked
+    assert task_id in parked
+    await _sdk.force_close(await _sdk.live_task(a.handler, task_id), 1.0)
+    await eventually(lambda: task_id not in parked)
+    assert await stored(a, task_id) == "INPUT_REQUIRED"
