@@ -169,11 +169,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         lifecycle = self._self_lifecycle
         if stored.id in lifecycle.cancellations:
             return
-        status = stored.status
-        stored_at = status.timestamp.ToMicroseconds() / 1e6 if status.HasField("timestamp") else None
-        span = _telemetry.remote_cancel_span(stored.id, stored_at)
-        cancellation = lifecycle.begin(stored.id, "canceled on another replica", span)
-        cancellation.recorded = True
+        cancellation = lifecycle.begin_recorded(stored)
         cancellation.signal(event_queue)  # Now, so that the checkpoint that found it raises.
         here = RequestContext(
             call_context=context.call_context, task_id=stored.id, context_id=stored.context_id, task=stored
@@ -184,7 +180,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
                 await cancellation.carry_out(here, event_queue)
             finally:
                 lifecycle.end(cancellation)
-                _telemetry.end(span)
+                _telemetry.end(cancellation.span)
 
         keep(carry_out())
 

@@ -195,15 +195,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
 
     async def _cancel_noticed(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
-        status = stored.status
-        stored_at = status.timestamp.ToMicroseconds() / 1e6 if status.HasField("timestamp") else None
-        span = _telemetry.remote_cancel_span(stored.id, stored_at)
-        cancellation = self._lifecycle.begin(stored.id, "canceled on another replica", span)
-        cancellation.recorded = True
+        cancellation = self._lifecycle.begin_recorded(stored)
         try:
             await self._drive(cancellation, CancelTaskRequest(id=stored.id), stored, active, caller)
         finally:
-            _telemetry.end(span)
+            _telemetry.end(cancellation.span)
 
     async def _stored_for_run(self, context: RequestContext) -> Task | None:
         """The task as stored, read as the run's caller (a run checks it for remote cancels)."""

@@ -348,6 +348,19 @@ class Lifecycle:
             cancellation = self.cancellations[task_id] = Cancellation(self, task_id, reason, span)
         return cancellation
 
+    def begin_recorded(self, stored: Task) -> Cancellation:
+        """The cancel of a task another replica cancelled in the store, as noticed here.
+
+        Its steps go on a span of their own (see ``_telemetry.remote_cancel_span``), which
+        whoever carries it out ends; its task ends CANCELED even if ``cancel()`` raises.
+        """
+        status = stored.status
+        stored_at = status.timestamp.ToMicroseconds() / 1e6 if status.HasField("timestamp") else None
+        span = _telemetry.remote_cancel_span(stored.id, stored_at)
+        cancellation = self.begin(stored.id, "canceled on another replica", span)
+        cancellation.recorded = True
+        return cancellation
+
     def end(self, cancellation: Cancellation) -> None:
         """Forget a cancel, done or given up on; a run still waiting for it stops waiting."""
         cancellation.done.set()
