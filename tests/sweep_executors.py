@@ -15,7 +15,7 @@ from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types import TaskState
 
-from a2a_cancelfix import RunCancelled, cancellable, shielded
+from a2a_cancelfix import RunCancelled, cancel_requested, cancellable, shielded
 from a2a_cancelfix.testing.examples import Pipeline, io, scrub
 
 
@@ -76,12 +76,14 @@ class BackgroundOutlivesRun(Agent):
     """Starts a background task for the step and never cancels it."""
 
     async def work(self) -> None:
+        stepped = asyncio.Event()
+
         async def warm_cache() -> None:
-            for _ in range(50):
-                await asyncio.sleep(0.01)
+            await stepped.wait()  # Done once the step is: after a cancel, never.
 
         background = asyncio.ensure_future(warm_cache())
         await step()
+        stepped.set()
         await background
 
 
@@ -114,7 +116,9 @@ class ShieldOutlastsGrace(Agent):
     async def work(self) -> None:
         await step()
         async with shielded():
-            await asyncio.sleep(0.5)  # Stands in for a slow write.
+            await io()
+            if cancel_requested():  # A write that, once the cancel came, never finishes.
+                await asyncio.Event().wait()
 
 
 class LoopWithoutCheckpoint(Agent):

@@ -52,7 +52,7 @@ DEFECTS = [
         broken.ShieldOutlastsGrace,
         "local",
         "while pending",
-        "a shielded section was cut at await asyncio.sleep",
+        "a shielded section was cut at await asyncio.wait in execute > work",
     ),
     (
         broken.LoopWithoutCheckpoint,
