@@ -56,14 +56,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskStore
 from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._sdk import TERMINAL_STATES
+from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
+
+if TYPE_CHECKING:
+    from a2a_cancelfix.notices import CancelNotices
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -71,6 +74,8 @@ __all__ = ["FinalStateTaskStore"]
 
 # Writes ``task`` unless the stored copy is terminal; returns None, or the stored state.
 _Write = Callable[[Task, ServerCallContext], Awaitable[int | None]]
+# Called in the transaction that records CANCELED, with its session and the task id.
+_Announce = Callable[[Any, str], Awaitable[None]]
 
 # The stored ``status.state``: the enum name (1.0 rows), or the v0.3 value ('canceled').
 _TERMINAL_NAMES = sorted(
@@ -87,10 +92,14 @@ class FinalStateTaskStore(TaskStore):
     Any other store raises ``TypeError``: the guard would be a read then a write, a race.
     """
 
-    def __init__(self, store: TaskStore) -> None:
+    def __init__(self, store: TaskStore, *, notices: CancelNotices | None = None) -> None:
         self.wrapped = store
+        self.notices = notices
+        # Set by our handler: told the id of each task whose save was refused because the
+        # stored task had ended; a run on this replica learns so that another one ended it.
+        self.on_final: Callable[[str], None] | None = None
         if isinstance(store, DatabaseTaskStore):
-            self._write = _database_write(store)
+            self._write = _database_write(store, self._announce_in)
         elif isinstance(store, InMemoryTaskStore):
             self._write = _memory_write(store)
         else:
@@ -102,16 +111,26 @@ class FinalStateTaskStore(TaskStore):
     async def save(self, task: Task, context: ServerCallContext) -> None:
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
         stored = await self._write(task, context)
-        if stored is not None:
-            _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
-            # The same state again is routine: a replica records a cancel another one stored.
-            logger.log(
-                logging.DEBUG if stored == task.status.state else logging.WARNING,
-                "refused save task=%s stored=%s refused=%s: a terminal state is final",
-                task.id,
-                TaskState.Name(stored),
-                TaskState.Name(task.status.state),
-            )
+        if stored is None:
+            if task.status.state == CANCELED and self.notices is not None:
+                await self.notices.announce(task.id)
+            return
+        if self.on_final is not None:
+            self.on_final(task.id)
+        _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
+        # The same state again is routine: a replica records a cancel another one stored.
+        logger.log(
+            logging.DEBUG if stored == task.status.state else logging.WARNING,
+            "refused save task=%s stored=%s refused=%s: a terminal state is final",
+            task.id,
+            TaskState.Name(stored),
+            TaskState.Name(task.status.state),
+        )
+
+    async def _announce_in(self, session: Any, task_id: str) -> None:
+        """Announce a cancel in the transaction that records it (PostgreSQL's NOTIFY)."""
+        if self.notices is not None:
+            await self.notices.announce_in(session, task_id)
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         """Get the task from the wrapped store, scoped to the caller as it scopes it."""
@@ -126,7 +145,7 @@ class FinalStateTaskStore(TaskStore):
         await self.wrapped.delete(task_id, context)
 
 
-def _database_write(store: DatabaseTaskStore) -> _Write:
+def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
     """Return the guarded write for a DatabaseTaskStore: one conditional upsert."""
     # SQLAlchemy is only there with a2a-sdk's database extras, so it is imported here.
     import sqlalchemy as sa
@@ -160,6 +179,8 @@ def _database_write(store: DatabaseTaskStore) -> _Write:
         row = _sdk.database_row(store, task, context)
         async with _sdk.database_transaction(store) as session:
             if (await session.execute(statement(row))).first() is not None:
+                if task.status.state == CANCELED:
+                    await announce_in(session, task.id)
                 return None
             # Only for the WARNING: the statement above has already decided.
             model = type(row)
