@@ -103,6 +103,10 @@ class Run:
         if self._unshielded is not None:
             await wait_set(self._unshielded, deadline)
 
+    def poll_every(self, interval: float) -> None:
+        """From now on, poll at most once per ``interval`` (``math.inf``: cancels are pushed)."""
+        self._interval, self._next_watch = interval, time.monotonic() + interval
+
     def watch_due(self) -> bool:
         return self._watch is not None and not self.cancelled and time.monotonic() >= self._next_watch
 

@@ -1,38 +1,210 @@
 """Cancels pushed to every replica at once: PostgreSQL's NOTIFY, or Redis pub/sub.
 
 A replica that records CANCELED in the shared store announces the task id; every replica
-listens, and the one running the task reads the store once and cancels the run there. The
-store stays the truth: a notice only says "look now", so a lost, late or doubled notice costs
-a read, never a wrong state. While a replica listens it does not poll; when its listening
-connection drops it polls again, reconnects, and looks once at every task it runs, so a
+listens on one connection, and the one running the task reads the store once and cancels the
+run there. The store stays the truth: a notice only says "look now", so a late or doubled
+notice costs a read, never a wrong state. While a replica listens it does not poll; when its
+connection drops it polls again, reconnects, and then looks once at every task it runs, so a
 cancel announced during the gap is not lost.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-__all__ = ["CancelNotices"]
+from a2a_cancelfix._aio import keep
+
+__all__ = ["CancelNotices", "PostgresNotices", "RedisNotices"]
+
+logger = logging.getLogger("a2a_cancelfix")
 
 CHANNEL = "a2a_cancelfix_cancels"
+# How often an idle listening connection is checked: a dead peer that sent nothing (a
+# network partition) shows up within this, not never.
+HEARTBEAT = 5.0
+# Waits between two attempts to listen again, the last one repeated.
+RETRY_AFTER = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+_Notices = contextlib.AbstractAsyncContextManager[AsyncIterator[str | None]]
 
 
 class CancelNotices(abc.ABC):
     """How replicas tell each other of a cancel: announce a task id, listen for them."""
 
-    channel: str = CHANNEL
+    def __init__(self, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
+        self.channel = channel
+        self.heartbeat = heartbeat
 
     async def announce_in(self, session: Any, task_id: str) -> None:
-        """Announce in the transaction that records the cancel (``session``): delivered on commit."""
+        """Announce in the transaction that records the cancel: delivered on its commit."""
 
     async def announce(self, task_id: str) -> None:
         """Announce once the transaction that recorded the cancel has committed."""
 
+    def check_store(self, store: Any) -> None:
+        """Raise ``TypeError`` if these notices cannot be announced with ``store``'s writes."""
+
     @abc.abstractmethod
-    def listen(self) -> contextlib.AbstractAsyncContextManager[AsyncIterator[str | None]]:
-        """Listen on one connection: the task ids announced, and None each time listening
-        (re)starts, after which nothing announced before is still on its way. Raises when the
-        connection is lost for good."""
+    def listen(self) -> _Notices:
+        """Listen on one connection: yield each task id announced, and None each time the
+        listening (re)starts, after which a look at the store sees every cancel announced
+        before. Raise when the connection is lost."""
+
+
+class PostgresNotices(CancelNotices):
+    """NOTIFY in the transaction that records CANCELED; LISTEN on one pooled connection.
+
+    Args:
+        engine: the SQLAlchemy engine of the ``DatabaseTaskStore`` (``postgresql+asyncpg``).
+        channel: the NOTIFY channel, the same on every replica.
+
+    Raises:
+        TypeError: an engine that is not PostgreSQL through asyncpg.
+    """
+
+    def __init__(self, engine: Any, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
+        dialect = engine.dialect
+        if (dialect.name, dialect.driver) != ("postgresql", "asyncpg"):
+            raise TypeError(
+                f"PostgresNotices needs a postgresql+asyncpg engine, not {dialect.name}+{dialect.driver}"
+            )
+        super().__init__(channel, heartbeat=heartbeat)
+        self.engine = engine
+        self.name = f"a2a_cancelfix listening on {channel}"[:63]
+
+    def check_store(self, store: Any) -> None:
+        engine = getattr(store, "engine", None)
+        if engine is None or engine.dialect.name != "postgresql":
+            raise TypeError("PostgresNotices announces in the transactions of a DatabaseTaskStore on PostgreSQL")
+
+    async def announce_in(self, session: Any, task_id: str) -> None:
+        import sqlalchemy as sa
+
+        await session.execute(sa.select(sa.func.pg_notify(self.channel, task_id)))
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        async with self.engine.connect() as pooled:
+            raw = await pooled.get_raw_connection()
+            connection = raw.driver_connection  # asyncpg's own: it alone can LISTEN
+            ids: asyncio.Queue[str | BaseException] = asyncio.Queue()
+
+            def notified(_connection: Any, _pid: int, _channel: str, task_id: str) -> None:
+                ids.put_nowait(task_id)
+
+            def terminated(_connection: Any) -> None:
+                ids.put_nowait(ConnectionError("the listening connection was closed"))
+
+            connection.add_termination_listener(terminated)
+            # Named, so that an operator sees in pg_stat_activity which connection listens.
+            await connection.execute("SELECT set_config('application_name', $1, false)", self.name)
+            await connection.add_listener(self.channel, notified)
+            try:
+                yield self._ids(ids, connection)
+            except BaseException:
+                await pooled.invalidate()  # Never handed back to the pool half-listening.
+                raise
+            finally:
+                connection.remove_termination_listener(terminated)
+            await connection.remove_listener(self.channel, notified)
+
+    async def _ids(self, ids: asyncio.Queue[str | BaseException], connection: Any) -> AsyncIterator[str | None]:
+        yield None
+        while True:
+            try:
+                item = await asyncio.wait_for(ids.get(), self.heartbeat)
+            except asyncio.TimeoutError:
+                await asyncio.wait_for(connection.execute("SELECT 1"), self.heartbeat)
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class RedisNotices(CancelNotices):
+    """PUBLISH once the cancel is committed; SUBSCRIBE on one connection of the client.
+
+    Args:
+        client: a ``redis.asyncio.Redis``, the same server for every replica.
+        channel: the pub/sub channel.
+    """
+
+    def __init__(self, client: Any, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
+        super().__init__(channel, heartbeat=heartbeat)
+        self.client = client
+
+    async def announce(self, task_id: str) -> None:
+        # In the background: a Redis that is slow or gone must not hold up the cancel's answer.
+        keep(self._publish(task_id))
+
+    async def _publish(self, task_id: str) -> None:
+        try:
+            await asyncio.wait_for(self.client.publish(self.channel, task_id), self.heartbeat)
+        except Exception:  # The cancel is recorded: losing its notice must not fail it.
+            logger.warning(
+                "could not announce the cancel of task %s on Redis; the replica running it "
+                "learns at its next saved event, or when it ends",
+                task_id,
+                exc_info=True,
+            )
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        pubsub = self.client.pubsub()
+        try:
+            await pubsub.subscribe(self.channel)
+            yield self._ids(pubsub)
+        finally:
+            await pubsub.aclose()
+
+    async def _ids(self, pubsub: Any) -> AsyncIterator[str | None]:
+        subscribed = False
+        while True:
+            message = await pubsub.get_message(timeout=self.heartbeat)
+            if message is None:
+                await pubsub.ping()  # Its answer comes back as a message: the link is alive.
+            elif message["type"] == "subscribe":
+                if subscribed:
+                    # redis-py reconnected and subscribed again by itself: whatever was
+                    # published meanwhile is gone. Lost it is, as for any other drop.
+                    raise ConnectionError("the listening connection to Redis was re-made")
+                subscribed = True
+                yield None
+            elif message["type"] == "message":
+                data = message["data"]
+                yield data.decode() if isinstance(data, bytes) else data
+
+
+async def keep_listening(
+    notices: CancelNotices,
+    noticed: Callable[[str], None],
+    listening: Callable[[], None],
+    lost: Callable[[], None],
+) -> None:
+    """Listen until cancelled; after each loss call ``lost`` and listen again, backing off."""
+    failures = 0
+    while True:
+        try:
+            async with notices.listen() as ids:
+                async for task_id in ids:
+                    if task_id is None:
+                        failures = 0
+                        listening()
+                    else:
+                        noticed(task_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.warning(
+                "lost the connection that listens for cancels (%s); polling until it is back",
+                type(notices).__name__,
+                exc_info=True,
+            )
+        lost()
+        await asyncio.sleep(RETRY_AFTER[min(failures, len(RETRY_AFTER) - 1)])
+        failures += 1

@@ -97,7 +97,9 @@ class FinalStateTaskStore(TaskStore):
         self.notices = notices
         # Set by our handler: told the id of each task whose save was refused because the
         # stored task had ended; a run on this replica learns so that another one ended it.
-        self.on_final: Callable[[str], None] | None = None
+        self.on_final: list[Callable[[str], None]] = []
+        if notices is not None:
+            notices.check_store(store)
         if isinstance(store, DatabaseTaskStore):
             self._write = _database_write(store, self._announce_in)
         elif isinstance(store, InMemoryTaskStore):
@@ -115,8 +117,8 @@ class FinalStateTaskStore(TaskStore):
             if task.status.state == CANCELED and self.notices is not None:
                 await self.notices.announce(task.id)
             return
-        if self.on_final is not None:
-            self.on_final(task.id)
+        for noticed in self.on_final:
+            noticed(task.id)
         _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
         # The same state again is routine: a replica records a cancel another one stored.
         logger.log(

@@ -1,0 +1,380 @@
+"""Cancels pushed to the running replica: PostgreSQL's NOTIFY, Redis pub/sub, and polling
+as the fallback when the listening connection drops.
+
+Two handlers in one process are the replicas, each with its own engine and notices, over one
+database: a PostgreSQL schema (NOTIFY), or a SQLite file (a SQL store without NOTIFY, with
+Redis for the notices). Polling is set to an hour wherever a test shows that the notice, not
+a poll, carried the cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
+from a2a.types import Artifact, Part, TaskArtifactUpdateEvent
+
+from a2a_cancelfix import FinalStateTaskStore, _sdk
+from a2a_cancelfix.notices import CancelNotices, PostgresNotices, RedisNotices
+from a2a_cancelfix.testing import (
+    Changes,
+    Gate,
+    ScriptedExecutor,
+    Stream,
+    cancel,
+    make_server,
+    start,
+    stored,
+    wait_all_tasks_blocked,
+    within,
+)
+
+from .test_replicas import CHECKPOINTS, PollingExecutor, outcome_within
+from .test_store import PG_DSN, open_database
+
+HOUR = 3600.0
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class Listening:
+    """What a replica's notices do: each attempt to listen, each time listening began. Every
+    attempt after the first waits at ``reconnect`` (open at first: ``hold()`` closes it)."""
+
+    def __init__(self, notices: CancelNotices) -> None:
+        self.notices, self.attempts, self.starts = notices, 0, 0
+        self.changes, self.reconnect = Changes(), Gate()
+        self.reconnect.open()
+        listen = notices.listen
+
+        @contextlib.asynccontextmanager
+        async def counted() -> AsyncIterator[AsyncIterator[str | None]]:
+            self.attempts += 1
+            self.changes.notify()
+            if self.attempts > 1:
+                await self.reconnect()
+            async with listen() as ids:
+                yield self._relay(ids)
+
+        notices.listen = counted  # type: ignore[method-assign]
+
+    async def _relay(self, ids: AsyncIterator[str | None]) -> AsyncIterator[str | None]:
+        async for task_id in ids:
+            yield task_id
+            if task_id is None:  # The replica has switched to notices and looked once.
+                self.starts += 1
+                self.changes.notify()
+
+    def hold(self) -> None:
+        self.reconnect = Gate()
+
+    async def heard(self, times: int = 1) -> None:
+        await self.changes.until(lambda: self.starts >= times)
+
+    async def retrying(self) -> None:
+        """Wait until the connection was found lost and the next attempt waits at the gate."""
+        await self.changes.until(lambda: self.attempts >= 2)
+        await within(self.reconnect.reached.wait())
+
+
+class Replicas(SimpleNamespace):
+    kind: str
+    stores: list[FinalStateTaskStore]
+    listening: list[Listening]
+    closers: list[Any]
+
+    def store(self, *, notices: bool = True) -> FinalStateTaskStore:
+        """One replica's store: its own engine (and notices) over the shared database."""
+        engine = self.database.engine()
+        made: CancelNotices | None = None
+        if notices and self.kind == "postgres":
+            made = PostgresNotices(engine, self.channel)
+        elif notices:
+            import redis.asyncio as redis
+
+            client = redis.Redis.from_url(REDIS_URL)
+            self.closers.append(client.aclose)
+            made = RedisNotices(client, self.channel)
+        store = FinalStateTaskStore(DatabaseTaskStore(engine), notices=made)
+        if made is not None:
+            self.listening.append(Listening(made))
+        return store
+
+    def pair(self, executor: ScriptedExecutor, kind: str = "ours", **options: Any):
+        """Replica A runs ``executor``; replica B runs nothing and takes the cancel."""
+        options.setdefault("replica_poll_interval", HOUR)
+        if kind != "ours":
+            options = {}
+        a = make_server(kind, executor, store=self.store(), **options)
+        b = make_server(kind, ScriptedExecutor(), store=self.store(), **options)
+        self.servers += [a, b]
+        return a, b
+
+    async def kill_listeners(self) -> None:
+        """Kill the listening connections from the server's side, as a failover would."""
+        if self.kind == "postgres":
+            import asyncpg
+
+            admin = await asyncpg.connect(PG_DSN)
+            try:
+                name = f"a2a_cancelfix listening on {self.channel}"[:63]
+                killed = await admin.fetch(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", name
+                )
+            finally:
+                await admin.close()
+        else:
+            import redis.asyncio as redis
+
+            admin = redis.Redis.from_url(REDIS_URL)
+            try:
+                killed = await admin.client_kill_filter(_type="pubsub")
+            finally:
+                await admin.aclose()
+        assert killed, "no listening connection to kill"
+
+
+@pytest_asyncio.fixture(params=["postgres", "redis"])
+async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
+    kind = request.param
+    if kind == "redis":
+        await _need_redis()
+    async with open_database("postgresql" if kind == "postgres" else "sqlite", tmp_path) as database:
+        made = Replicas(
+            kind=kind, database=database, channel=f"a2acf_{uuid.uuid4().hex[:12]}",
+            listening=[], closers=[], servers=[],
+        )
+        try:
+            yield made
+        finally:
+            for server in made.servers:
+                server.executor.step.open()
+                if isinstance(server.handler, _sdk.DefaultRequestHandlerV2) and hasattr(server.handler, "_notices"):
+                    for listener in made.listening:
+                        listener.reconnect.open()
+                    await within(server.handler.aclose())
+            for close in made.closers:
+                await close()
+
+
+async def _need_redis() -> None:
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        await client.ping()
+    except (OSError, redis.RedisError) as error:
+        pytest.skip(f"Redis at 127.0.0.1:6379 is unreachable: {error!r}")
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_is_pushed_to_the_running_replica(replicas: Replicas) -> None:
+    """B's cancel reaches A's run at once, with an hour between polls: callbacks, cancel(),
+    the work stopped, A's stream and push end on CANCELED."""
+    a, b = replicas.pair(ScriptedExecutor())
+    stream = await start(a, push_url="http://push.invalid/a")
+    await within(replicas.listening[0].heard())
+    task_id = a.executor.task_id or ""
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    await within(a.executor.cancel_called.wait())
+    await within(a.executor.stopped.wait())
+    assert not a.executor.completed.is_set()
+    assert await stream.ended() and stream.last == "CANCELED"
+    await a.push.posted("http://push.invalid/a", "CANCELED")
+    assert await stored(a, task_id) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_without_notices_the_running_replica_does_not_hear(tmp_path: Path) -> None:
+    """The same cancel with no notices (and an hour between polls), and under the stock
+    handler: A's run goes on; B's stock cancel hangs up to a2a-sdk 1.1.5."""
+    async with open_database("postgresql", tmp_path) as database:
+        for kind in ("ours", "stock"):
+            stores = [FinalStateTaskStore(DatabaseTaskStore(database.engine())) for _ in "ab"]
+            options = {"replica_poll_interval": HOUR} if kind == "ours" else {}
+            a = make_server(kind, ScriptedExecutor(), store=stores[0], **options)
+            b = make_server(kind, ScriptedExecutor(), store=stores[1], **options)
+            await start(a)
+            answered = await outcome_within(cancel(b, a.executor.task_id or ""))
+            assert answered == ("CANCELED" if kind == "ours" or _sdk.SDK_CANCELS_WHERE_NOT_LIVE else "HANG")
+            await wait_all_tasks_blocked()
+            assert not a.executor.cancel_called.is_set() and not a.executor.stopped.is_set()
+            a.executor.step.open()
+            await within(a.executor.stopped.wait())
+
+
+@pytest.mark.asyncio
+async def test_a_listening_replica_reads_nothing_until_a_cancel(replicas: Replicas) -> None:
+    """Polling would read the store at every checkpoint (every millisecond); while the notices
+    are heard, a run passes a hundred checkpoints with no read at all."""
+    a, b = replicas.pair(PollingExecutor(), replica_poll_interval=0.001)
+    await start(a)
+    await within(replicas.listening[0].heard())
+    reads = _count_reads(a.store)
+    await a.executor.passed(CHECKPOINTS)
+    assert reads.count == 0
+    assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
+    await within(a.executor.stopped.wait())
+    assert a.executor.cancel_called.is_set() and reads.count >= 1  # It looked once it was told.
+
+
+@pytest.mark.asyncio
+async def test_a_lost_listener_falls_back_to_polling(replicas: Replicas) -> None:
+    """The listening connection is killed and cannot come back: A polls again, and B's
+    cancel reaches its run by the next due checkpoint."""
+    a, b = replicas.pair(PollingExecutor(), replica_poll_interval=0.01)
+    await start(a)
+    listening = replicas.listening[0]
+    await within(listening.heard())
+    listening.hold()
+    await replicas.kill_listeners()
+    await listening.retrying()
+    assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
+    await within(a.executor.stopped.wait())
+    assert a.executor.cancel_called.is_set() and listening.starts == 1
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_announced_while_not_listening_is_found_on_reconnect(replicas: Replicas) -> None:
+    """B's notice comes while A's connection is down, and nothing polls for an hour: listening
+    again, A looks at each of its runs once, and finds it."""
+    a, b = replicas.pair(ScriptedExecutor())
+    await start(a)
+    listening = replicas.listening[0]
+    await within(listening.heard())
+    listening.hold()
+    await replicas.kill_listeners()
+    await listening.retrying()
+    assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
+    await wait_all_tasks_blocked()
+    assert not a.executor.cancel_called.is_set()  # The notice is lost; nothing else told A.
+    listening.reconnect.open()
+    await within(listening.heard(2))
+    await within(a.executor.stopped.wait())
+    assert a.executor.cancel_called.is_set() and not a.executor.completed.is_set()
+
+
+@pytest.mark.asyncio
+async def test_a_task_parked_on_a_listening_replica_hears_the_cancel(replicas: Replicas) -> None:
+    """A parked task has no run to look: the notice makes A look at it, and its subscriber
+    and cancel() learn of B's CANCELED at once."""
+    a, b = replicas.pair(ScriptedExecutor(park=True))
+    await start(a)
+    await within(replicas.listening[0].heard())
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(a.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    assert a.executor.cancel_called.is_set()
+
+
+class Reporting(ScriptedExecutor):
+    """Reports one artifact once the step opens, then waits: an update after the cancel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.report = Gate()
+
+    async def _work_step(self) -> None:
+        await self.step()
+        await self.queue.enqueue_event(
+            TaskArtifactUpdateEvent(
+                task_id=self.task_id or "", context_id=self.context_id,
+                artifact=Artifact(artifact_id="report", parts=[Part(text="late")]),
+            )
+        )
+        await self.report()
+
+    async def execute(self, context: Any, event_queue: Any) -> None:
+        self.queue, self.context_id = event_queue, context.context_id or ""
+        await super().execute(context, event_queue)
+
+
+@pytest.mark.asyncio
+async def test_a_save_refused_over_the_cancel_tells_the_run_at_once() -> None:
+    """No notices, no polling for an hour: A's next saved update is refused by the store,
+    which holds B's CANCELED, and that refusal makes A's run look and cancel."""
+    store = FinalStateTaskStore(InMemoryTaskStore())
+    a = make_server("ours", Reporting(), store=store, replica_poll_interval=HOUR)
+    b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=HOUR)
+    stream = await start(a)
+    assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
+    await wait_all_tasks_blocked()
+    assert not a.executor.cancel_called.is_set()
+    a.executor.step.open()  # The artifact is saved, refused: A learns.
+    await within(a.executor.stopped.wait())
+    assert a.executor.cancel_called.is_set() and not a.executor.completed.is_set()
+    assert await stream.ended() and stream.last == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_notices_that_cannot_travel_with_the_store_are_refused(tmp_path: Path) -> None:
+    async with open_database("sqlite", tmp_path) as database:
+        engine = database.engine()
+        with pytest.raises(TypeError, match="postgresql\\+asyncpg"):
+            PostgresNotices(engine)
+    async with open_database("postgresql", tmp_path) as database:
+        notices = PostgresNotices(database.engine())
+        with pytest.raises(TypeError, match="DatabaseTaskStore on PostgreSQL"):
+            FinalStateTaskStore(InMemoryTaskStore(), notices=notices)
+
+
+@pytest.mark.asyncio
+async def test_a_notice_redis_cannot_take_is_logged_and_the_cancel_stands(tmp_path: Path) -> None:
+    """Redis is down when B records the cancel: B still answers CANCELED, as stored, and says
+    that the notice was lost."""
+    import redis.asyncio as redis
+
+    async with open_database("sqlite", tmp_path) as database:
+        down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+        store = FinalStateTaskStore(DatabaseTaskStore(database.engine()))
+        a = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=HOUR)
+        await start(a)
+        b_store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=RedisNotices(down, heartbeat=0.5))
+        b = make_server("ours", ScriptedExecutor(), store=b_store, replica_poll_interval=HOUR)
+        lost = Warned("could not announce the cancel")
+        logging.getLogger("a2a_cancelfix").addHandler(lost)
+        try:
+            assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
+            await within(lost.seen.wait())
+        finally:
+            logging.getLogger("a2a_cancelfix").removeHandler(lost)
+        assert await stored(a, a.executor.task_id or "") == "CANCELED"
+        a.executor.step.open()
+        await within(a.executor.stopped.wait())
+        assert not a.executor.completed.is_set()  # Before completing, A read the store.
+        await down.aclose()
+
+
+class Warned(logging.Handler):
+    """Sets ``seen`` when a record containing ``text`` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.WARNING)
+        self.text, self.seen = text, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def _count_reads(store: FinalStateTaskStore) -> SimpleNamespace:
+    reads, get = SimpleNamespace(count=0), store.get
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.count += 1
+        return await get(*args, **kwargs)
+
+    store.get = counted  # type: ignore[method-assign]
+    return reads
