@@ -180,6 +180,28 @@ class RedisNotices(CancelNotices):
                 yield data.decode() if isinstance(data, bytes) else data
 
 
+def notices_for(store: Any, notices: Any) -> CancelNotices | None:
+    """The notices ``FinalStateTaskStore(store, notices=...)`` means: ``"postgres"`` (NOTIFY on
+    the store's own engine), a ``redis.asyncio.Redis`` client, or notices made here.
+
+    Raises:
+        TypeError: anything else, or notices that cannot travel with this store's writes.
+    """
+    if notices is None:
+        return None
+    if notices == "postgres":
+        engine = getattr(store, "engine", None)
+        if engine is None:
+            raise TypeError("notices='postgres' needs a DatabaseTaskStore on PostgreSQL")
+        notices = PostgresNotices(engine)
+    elif not isinstance(notices, CancelNotices) and callable(getattr(notices, "pubsub", None)):
+        notices = RedisNotices(notices)
+    if not isinstance(notices, CancelNotices):
+        raise TypeError(f"notices must be 'postgres', a redis.asyncio.Redis or CancelNotices, not {notices!r}")
+    notices.check_store(store)
+    return notices
+
+
 async def keep_listening(
     notices: CancelNotices,
     noticed: Callable[[str], None],

@@ -64,6 +64,7 @@ from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
+from a2a_cancelfix.notices import notices_for
 
 if TYPE_CHECKING:
     from a2a_cancelfix.notices import CancelNotices
@@ -90,16 +91,19 @@ class FinalStateTaskStore(TaskStore):
 
     ``DefaultRequestHandler(executor, FinalStateTaskStore(DatabaseTaskStore(engine)), ...)``.
     Any other store raises ``TypeError``: the guard would be a read then a write, a race.
+
+    Args:
+        notices: how a recorded cancel is pushed to the replica running the task (see
+            notices.py): ``"postgres"`` (NOTIFY on this store's engine), a
+            ``redis.asyncio.Redis`` client, or a ``CancelNotices``; None polls only.
     """
 
-    def __init__(self, store: TaskStore, *, notices: CancelNotices | None = None) -> None:
+    def __init__(self, store: TaskStore, *, notices: CancelNotices | str | Any | None = None) -> None:
         self.wrapped = store
-        self.notices = notices
+        self.notices = notices_for(store, notices)
         # Set by our handler: told the id of each task whose save was refused because the
         # stored task had ended; a run on this replica learns so that another one ended it.
         self.on_final: list[Callable[[str], None]] = []
-        if notices is not None:
-            notices.check_store(store)
         if isinstance(store, DatabaseTaskStore):
             self._write = _database_write(store, self._announce_in)
         elif isinstance(store, InMemoryTaskStore):

@@ -2,12 +2,14 @@
 
 Run as ``python tests/replica_server.py DATABASE_URL [SCHEMA]``; it prints ``READY <port>``
 once it serves on 127.0.0.1, and exits when its standard input closes, so it never outlives
-the test that started it.
+the test that started it. ``A2ACF_NOTICES`` (``postgres`` or a Redis URL) gives its store
+notices, and ``A2ACF_POLL`` its poll interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 import threading
@@ -33,7 +35,7 @@ from starlette.routing import Route
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable
 
-POLL_INTERVAL = 0.2
+POLL_INTERVAL = float(os.environ.get("A2ACF_POLL", 0.2))
 STEP_SECONDS = 0.02
 STEPS = 1500
 
@@ -71,7 +73,13 @@ class StepExecutor(AgentExecutor):
 
 def build(url: str, schema: str | None) -> Starlette:
     connect_args = {"server_settings": {"search_path": schema}} if schema else {}
-    store = FinalStateTaskStore(DatabaseTaskStore(create_async_engine(url, connect_args=connect_args)))
+    engine = create_async_engine(url, connect_args=connect_args)
+    notices = os.environ.get("A2ACF_NOTICES") or None
+    if notices and notices != "postgres":
+        import redis.asyncio as redis
+
+        notices = redis.Redis.from_url(notices)
+    store = FinalStateTaskStore(DatabaseTaskStore(engine), notices=notices)
     executor = StepExecutor()
     configs = InMemoryPushNotificationConfigStore()
     card = AgentCard(

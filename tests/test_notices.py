@@ -319,15 +319,28 @@ async def test_a_save_refused_over_the_cancel_tells_the_run_at_once() -> None:
 
 
 @pytest.mark.asyncio
-async def test_notices_that_cannot_travel_with_the_store_are_refused(tmp_path: Path) -> None:
-    async with open_database("sqlite", tmp_path) as database:
-        engine = database.engine()
-        with pytest.raises(TypeError, match="postgresql\\+asyncpg"):
-            PostgresNotices(engine)
+async def test_notices_are_named_in_one_argument_and_checked_against_the_store(tmp_path: Path) -> None:
+    """``"postgres"`` means NOTIFY on the store's engine, a Redis client means its pub/sub; what
+    cannot travel with the store's writes is a TypeError at construction."""
+    import redis.asyncio as redis
+
     async with open_database("postgresql", tmp_path) as database:
-        notices = PostgresNotices(database.engine())
+        engine = database.engine()
+        store = FinalStateTaskStore(DatabaseTaskStore(engine), notices="postgres")
+        assert isinstance(store.notices, PostgresNotices) and store.notices.engine is engine
         with pytest.raises(TypeError, match="DatabaseTaskStore on PostgreSQL"):
-            FinalStateTaskStore(InMemoryTaskStore(), notices=notices)
+            FinalStateTaskStore(InMemoryTaskStore(), notices="postgres")
+        with pytest.raises(TypeError, match="DatabaseTaskStore on PostgreSQL"):
+            FinalStateTaskStore(InMemoryTaskStore(), notices=PostgresNotices(engine))
+    async with open_database("sqlite", tmp_path) as database:
+        with pytest.raises(TypeError, match="postgresql\\+asyncpg"):
+            FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices="postgres")
+        client = redis.Redis.from_url(REDIS_URL)
+        store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=client)
+        assert isinstance(store.notices, RedisNotices) and store.notices.client is client
+        with pytest.raises(TypeError, match="notices must be"):
+            FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices="redis")
+        await client.aclose()
 
 
 @pytest.mark.asyncio

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -38,11 +39,11 @@ class Replica:
         self.process, self.url = process, f"http://127.0.0.1:{port}"
 
     @classmethod
-    async def start(cls, url: str, schema: str | None) -> Replica:
+    async def start(cls, url: str, schema: str | None, **environment: str) -> Replica:
         arguments = [str(SERVER), url] + ([schema] if schema else [])
         process = await asyncio.create_subprocess_exec(
             sys.executable, *arguments, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            cwd=str(SERVER.parent.parent),
+            cwd=str(SERVER.parent.parent), env={**os.environ, **environment},
         )
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         if not line.startswith(b"READY "):
@@ -69,8 +70,9 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
 
 
 @contextlib.asynccontextmanager
-async def replicas(database: tuple[str, str | None], count: int) -> AsyncIterator[list[Replica]]:
-    outcomes = await asyncio.gather(*(Replica.start(*database) for _ in range(count)), return_exceptions=True)
+async def replicas(database: tuple[str, str | None], count: int, **environment: str) -> AsyncIterator[list[Replica]]:
+    starting = (Replica.start(*database, **environment) for _ in range(count))
+    outcomes = await asyncio.gather(*starting, return_exceptions=True)
     started = [outcome for outcome in outcomes if isinstance(outcome, Replica)]
     try:
         for outcome in outcomes:
@@ -146,3 +148,19 @@ async def test_a_second_cancel_anywhere_is_refused(database) -> None:
             assert first[0] == 200 and again_a[0] in (400, 409) and again_b[0] in (400, 409)
             status, task = await rest(client, "GET", f"{a.url}/rest/tasks/{task_id}")
             assert task["status"]["state"] == "TASK_STATE_CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_a_pushed_cancel_reaches_the_running_process_with_polling_an_hour_apart(database) -> None:
+    """NOTIFY on PostgreSQL, Redis pub/sub beside SQLite: A's run stops on B's cancel, told
+    by the notice alone (A polls once an hour, and saves nothing between its steps)."""
+    url, _ = database
+    notices = "postgres" if url.startswith("postgresql") else "redis://127.0.0.1:6379/0"
+    async with replicas(database, 2, A2ACF_NOTICES=notices, A2ACF_POLL="3600") as (a, b):
+        async with httpx.AsyncClient(timeout=BOUND) as client:
+            stream, task_id = await working(client, a.url, None)
+            status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+            assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
+            assert await stream.ended(BOUND) and stream.last == "CANCELED"
+            _, debug = await rest(client, "GET", f"{a.url}/debug")
+            assert task_id in debug["cancelled"] and task_id in debug["stopped"]
