@@ -36,6 +36,7 @@ from a2a_cancelfix.lifecycle import (
     Cancellation,
     seconds,
 )
+from a2a_cancelfix.store import FinalStateTaskStore
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -103,6 +104,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.cancel_grace_period = grace
         self.on_parked = on_parked
         self.on_canceled = on_canceled
+        if isinstance(self.task_store, FinalStateTaskStore):
+            # A save refused over an ended task: another replica ended it, the run here learns now.
+            self.task_store.on_final = self._noticed
+
+    def _noticed(self, task_id: str) -> None:
+        """Have this replica's run of ``task_id`` look at the store now (it cancels if CANCELED)."""
+        work = self._lifecycle.works.get(task_id)
+        if work is not None:
+            keep(work.run.look())
 
     @_telemetry.traced_as_sdk
     @_sdk.validate_request_params
