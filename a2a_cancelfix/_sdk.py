@@ -351,3 +351,106 @@ class MemoryTasks:
 def memory_tasks(store: Any) -> MemoryTasks:
     impl = store._impl  # _InMemoryTaskStoreImpl behind the copying adapter: 1.0.0-1.3.0
     return MemoryTasks(impl.tasks, impl.lock, impl.owner_resolver, store._store is not impl)
+
+
+# a2a-sdk's cluster mode (a2a/server/cluster/): a versioned store over SQLAlchemy and an
+# event stream, for FinalStateTaskStore's guarded versioned save. Probed as a whole: a
+# release without one of these pieces is not guarded, and FinalStateTaskStore refuses it.
+try:  # 1.3.0
+    from a2a.server.cluster import ConcurrentTaskModificationError, TaskVersion, VersionedTaskStore
+    from a2a.server.cluster.database_task_store import VersionedDatabaseTaskStore, _is_transient
+    from a2a.server.cluster.database_task_store import _as_int as _version_number
+    from a2a.utils.proto_utils import to_stream_response
+except ImportError:  # 1.0.0-1.2.x, or no SQLAlchemy (a2a-sdk without its database extras)
+    ConcurrentTaskModificationError = TaskVersion = VersionedTaskStore = None  # type: ignore[misc,assignment]
+    VersionedDatabaseTaskStore = None  # type: ignore[misc,assignment]
+
+# What VersionedDatabaseTaskStore.__init__ assigns and the methods its _save_once calls: 1.3.0.
+_VERSIONED_ATTRIBUTES = ("_db", "_version_model", "_event_model", "_max_attempts", "_retry_delay_s")
+_VERSIONED_METHODS = ("_ensure_cluster_tables", "_lock_version", "_current_task", "_insert_version")
+
+
+def _has_cluster() -> bool:
+    if VersionedDatabaseTaskStore is None:
+        return False
+    names = VersionedDatabaseTaskStore.__init__.__code__.co_names
+    return all(name in names for name in _VERSIONED_ATTRIBUTES) and all(
+        callable(getattr(VersionedDatabaseTaskStore, name, None)) for name in _VERSIONED_METHODS
+    )
+
+
+HAS_CLUSTER = _has_cluster()
+
+
+def is_versioned_database_store(store: object) -> bool:
+    """Whether ``store`` is the SDK's ``VersionedDatabaseTaskStore``, in a release we can guard."""
+    return HAS_CLUSTER and isinstance(store, VersionedDatabaseTaskStore)
+
+
+def versioned_engine(store: Any) -> Any:
+    return store._db.engine  # The DatabaseTaskStore it delegates to: 1.3.0
+
+
+async def versioned_tables_ready(store: Any) -> None:
+    """Create the task, version and journal tables once, as its own save does."""
+    await store._db._ensure_initialized()  # 1.3.0
+    await store._ensure_cluster_tables()  # 1.3.0
+
+
+def versioned_owner(store: Any, context: ServerCallContext) -> str:
+    return store._db.owner_resolver(context)  # 1.3.0
+
+
+def versioned_row(store: Any, task: Task, owner: str) -> Any:
+    """The ORM row its save merges for ``task``."""
+    return store._db._to_orm(task, owner)  # 1.3.0
+
+
+def versioned_transaction(store: Any) -> Any:
+    """A session in a transaction on the store's engine (``async with``)."""
+    return store._db.async_session_maker.begin()  # 1.3.0
+
+
+def version_model(store: Any) -> Any:
+    """The ORM model of the ``task_versions`` table: task_id, owner, version."""
+    return store._version_model  # 1.3.0
+
+
+def journal_model(store: Any) -> Any:
+    """The ORM model of the ``task_events`` table that DatabaseTaskEventStream tails."""
+    return store._event_model  # 1.3.0
+
+
+async def lock_version(store: Any, session: Any, task_id: str, owner: str) -> int | None:
+    """The stored version number, its row locked (``FOR UPDATE``; SQLite ignores that)."""
+    return await store._lock_version(session, task_id, owner)  # 1.3.0
+
+
+async def current_task(store: Any, session: Any, task_id: str, owner: str) -> Task | None:
+    """The stored task, its row locked (``FOR UPDATE``; SQLite ignores that)."""
+    return await store._current_task(session, task_id, owner)  # 1.3.0
+
+
+async def insert_version(store: Any, session: Any, task_id: str, owner: str, version: int) -> None:
+    """Insert the first version row; ``ConcurrentTaskModificationError`` if one exists."""
+    await store._insert_version(session, task_id, owner, version)  # 1.3.0
+
+
+def version_number(version: Any) -> int:
+    """The integer a VersionedDatabaseTaskStore's TaskVersion wraps."""
+    return _version_number(version)  # 1.3.0
+
+
+def journal_entry(event: Any) -> bytes:
+    """An event as the journal stores it (a serialised StreamResponse)."""
+    return to_stream_response(event).SerializeToString()  # 1.3.0
+
+
+def save_retries(store: Any) -> tuple[int, float]:
+    """How often, and how far apart, its save retries transient database errors."""
+    return store._max_attempts, store._retry_delay_s  # 1.3.0
+
+
+def is_transient(error: Exception) -> bool:
+    """Whether a DBAPIError is contention the SDK's store retries (lock, serialization)."""
+    return _is_transient(error)  # 1.3.0

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import time
+import warnings
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
@@ -95,7 +96,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise ValueError(f"on_canceled must be 'raise' or 'return', not {on_canceled!r}")
         _sdk.warn_if_unsupported()
         executor = CancellableExecutor(agent_executor, grace_period=grace)
-        super().__init__(executor, *args, **kwargs)
+        # What the SDK warns of here (no event_stream, a queue_manager) is about the caller's
+        # arguments: said again at the caller's line, not at this one.
+        with warnings.catch_warnings(record=True) as raised:
+            warnings.simplefilter("always")
+            super().__init__(executor, *args, **kwargs)
+        for warning in raised:
+            warnings.warn(warning.message, warning.category, stacklevel=2)
         lifecycle = self._lifecycle = executor.cancel_lifecycle
         lifecycle.grace_period = grace
         # Otherwise the SDK's own cancel drives, as under its handler, and the work runs apart.

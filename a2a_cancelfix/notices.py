@@ -78,7 +78,7 @@ class PostgresNotices(CancelNotices):
         self.name = f"a2a_cancelfix listening on {channel}"[:63]
 
     def check_store(self, store: Any) -> None:
-        engine = getattr(store, "engine", None)
+        engine = _engine(store)
         if engine is None or engine.dialect.name != "postgresql":
             raise TypeError("PostgresNotices announces in the transactions of a DatabaseTaskStore on PostgreSQL")
 
@@ -180,6 +180,11 @@ class RedisNotices(CancelNotices):
                 yield data.decode() if isinstance(data, bytes) else data
 
 
+def _engine(store: Any) -> Any:
+    """The engine of a DatabaseTaskStore, or of the one a VersionedDatabaseTaskStore is made on."""
+    return getattr(getattr(store, "as_task_store", store), "engine", None)
+
+
 def notices_for(store: Any, notices: Any) -> CancelNotices | None:
     """The notices ``FinalStateTaskStore(store, notices=...)`` means: ``"postgres"`` (NOTIFY on
     the store's own engine), a ``redis.asyncio.Redis`` client, or notices made here.
@@ -190,7 +195,7 @@ def notices_for(store: Any, notices: Any) -> CancelNotices | None:
     if notices is None:
         return None
     if notices == "postgres":
-        engine = getattr(store, "engine", None)
+        engine = _engine(store)
         if engine is None:
             raise TypeError("notices='postgres' needs a DatabaseTaskStore on PostgreSQL")
         notices = PostgresNotices(engine)

@@ -48,6 +48,19 @@ its blocking sender with, what its own run published (say COMPLETED after anothe
 stored CANCELED); the store, and so GetTask and every later reader, keeps the terminal state
 written first. Two first saves of one id at once both land (one inserts, the other updates),
 where the SDK's merge (a SELECT, then an INSERT) fails one of them with an IntegrityError.
+
+Upstream's cluster mode (a2a-sdk 1.3+): ``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``
+is itself a ``VersionedTaskStore`` (an instance of a subclass, made by ``__new__``), so the SDK
+uses it as it is. Its save is the SDK's versioned save (compare-and-swap on the version row, the
+journal row that ``DatabaseTaskEventStream`` tails, in the same transaction, transient errors
+retried), guarded: the transaction takes the lock before it reads anything (``FOR UPDATE`` on
+PostgreSQL; on SQLite a no-op UPDATE of the version row, so that pysqlite opens the transaction
+and SQLite takes its write lock), then reads the stored state, and refuses over a terminal one:
+no task row, no version bump, no journal row. A refused save of another terminal state raises
+``ConcurrentTaskModificationError``, the SDK's own signal: it reloads, and tells its subscribers
+the stored task. A refused non-terminal save, or one of the terminal state stored already,
+returns the stored version: the run is left for our handler to cancel (``on_final``), and the
+CANCELED it then publishes reaches its streams and push configs through the SDK's consumer.
 """
 
 from __future__ import annotations
@@ -90,7 +103,9 @@ class FinalStateTaskStore(TaskStore):
     """Wrap a ``DatabaseTaskStore`` or an ``InMemoryTaskStore`` so that a terminal state is final.
 
     ``DefaultRequestHandler(executor, FinalStateTaskStore(DatabaseTaskStore(engine)), ...)``.
-    Any other store raises ``TypeError``: the guard would be a read then a write, a race.
+    On a2a-sdk 1.3+ it also wraps a ``VersionedDatabaseTaskStore`` (upstream's cluster mode),
+    and is then a ``VersionedTaskStore`` itself. Any other store raises ``TypeError``: the
+    guard would be a read then a write, a race.
 
     Args:
         notices: how a recorded cancel is pushed to the replica running the task (see
@@ -98,21 +113,29 @@ class FinalStateTaskStore(TaskStore):
             ``redis.asyncio.Redis`` client, or a ``CancelNotices``; None polls only.
     """
 
-    def __init__(self, store: TaskStore, *, notices: CancelNotices | str | Any | None = None) -> None:
+    def __new__(cls, store: Any, *args: Any, **kwargs: Any) -> FinalStateTaskStore:
+        if cls is FinalStateTaskStore and _sdk.is_versioned_database_store(store):
+            cls = _versioned_class()
+        return super().__new__(cls)
+
+    def __init__(self, store: Any, *, notices: CancelNotices | str | Any | None = None) -> None:
         self.wrapped = store
         self.notices = notices_for(store, notices)
         # Set by our handler: told the id of each task whose save was refused because the
         # stored task had ended; a run on this replica learns so that another one ended it.
         self.on_final: list[Callable[[str], None]] = []
+        self._write = self._guard(store)
+
+    def _guard(self, store: Any) -> Any:
+        """The guarded write for ``store``; TypeError for a store it cannot guard in one step."""
         if isinstance(store, DatabaseTaskStore):
-            self._write = _database_write(store, self._announce_in)
-        elif isinstance(store, InMemoryTaskStore):
-            self._write = _memory_write(store)
-        else:
-            raise TypeError(
-                "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore, "
-                f"not {type(store).__name__}"
-            )
+            return _database_write(store, self._announce_in)
+        if isinstance(store, InMemoryTaskStore):
+            return _memory_write(store)
+        raise TypeError(
+            "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore (or, on "
+            f"a2a-sdk 1.3+, a VersionedDatabaseTaskStore), not {type(store).__name__}"
+        )
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
@@ -121,6 +144,10 @@ class FinalStateTaskStore(TaskStore):
             if task.status.state == CANCELED and self.notices is not None:
                 await self.notices.announce(task.id)
             return
+        self._refused(task, stored)
+
+    def _refused(self, task: Task, stored: int) -> None:
+        """Tell our handler, and log, that a save over the ended task was refused."""
         for noticed in self.on_final:
             noticed(task.id)
         _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
@@ -230,3 +257,139 @@ async def _held(lock: Any) -> AsyncIterator[None]:
     else:  # threading.RLock: 1.1.3+; never held across an await, as nothing inside awaits
         with lock:
             yield
+
+
+class _Refused(Exception):
+    """Raised inside a guarded versioned save to roll it back: the stored task has ended."""
+
+    def __init__(self, state: int, version: Any) -> None:
+        super().__init__(state)
+        self.state, self.version = state, version
+
+
+def _versioned_write(store: Any, announce_in: _Announce) -> Any:
+    """Return the guarded versioned save for a VersionedDatabaseTaskStore (a2a-sdk 1.3+).
+
+    Its ``_save_once``, with the lock taken first and the stored state checked under it.
+    Returns the new TaskVersion, or raises `_Refused` (nothing written) or, as the SDK's
+    does, ConcurrentTaskModificationError for a stale version.
+    """
+    import sqlalchemy as sa
+
+    dialect = _sdk.versioned_engine(store).dialect.name
+    if dialect not in ("sqlite", "postgresql"):
+        raise TypeError(
+            f"FinalStateTaskStore guards a VersionedDatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
+        )
+    versions, journal = _sdk.version_model(store), _sdk.journal_model(store)
+    TaskVersion, Conflict = _sdk.TaskVersion, _sdk.ConcurrentTaskModificationError
+
+    async def save_once(task: Task, event: Any, prev_version: Any, owner: str) -> Any:
+        row = _sdk.versioned_row(store, task, owner)
+        this = sa.and_(versions.task_id == task.id, versions.owner == owner)
+        async with _sdk.versioned_transaction(store) as session:
+            if dialect == "sqlite":
+                # pysqlite opens the transaction at the first write only: a SELECT before it
+                # would read outside it, and another writer could commit between that read
+                # and this write. A no-op write first takes SQLite's write lock for it all.
+                await session.execute(sa.update(versions).where(this).values(version=versions.version))
+            # As the SDK's save: the version row is locked before the task row.
+            stored_version = await _sdk.lock_version(store, session, task.id, owner)
+            current = await _sdk.current_task(store, session, task.id, owner)
+            if current is not None and current.status.state in TERMINAL_STATES:
+                raise _Refused(current.status.state, TaskVersion(stored_version or 0))
+            if task.status.state == CANCELED:  # Over any live state, unversioned, as the SDK's.
+                if current is None:
+                    raise Conflict(task.id)
+                new_version = (stored_version or 0) + 1
+                if stored_version is None:
+                    await _sdk.insert_version(store, session, task.id, owner, new_version)
+                else:
+                    await session.execute(sa.update(versions).where(this).values(version=new_version))
+            elif prev_version.is_missing:
+                new_version = 1
+                await _sdk.insert_version(store, session, task.id, owner, new_version)
+            else:
+                expected = _sdk.version_number(prev_version)
+                new_version = expected + 1
+                swapped = await session.execute(
+                    sa.update(versions).where(this, versions.version == expected).values(version=new_version)
+                )
+                if swapped.rowcount == 0:
+                    raise Conflict(task.id)
+            await session.merge(row)
+            if event is not None:
+                entry = _sdk.journal_entry(event)
+                await session.execute(
+                    sa.insert(journal).values(task_id=task.id, owner=owner, task_version=new_version, event_data=entry)
+                )
+            if task.status.state == CANCELED:
+                await announce_in(session, task.id)
+        return TaskVersion(new_version)
+
+    return save_once
+
+
+def _versioned_class() -> type[FinalStateTaskStore]:
+    """FinalStateTaskStore as a VersionedTaskStore too, made once, on a release that has one."""
+    global _VersionedFinalStateTaskStore
+    if _VersionedFinalStateTaskStore is None:
+        from sqlalchemy.exc import DBAPIError  # There with a2a-sdk's database extras only.
+
+        class VersionedFinalStateTaskStore(FinalStateTaskStore, _sdk.VersionedTaskStore):  # type: ignore[misc,name-defined]
+            """``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``: see the module's doc."""
+
+            def _guard(self, store: Any) -> Any:
+                return _versioned_write(store, self._announce_in)
+
+            async def save(  # type: ignore[override]
+                self,
+                task: Task,
+                *,
+                event: Any = None,
+                prev: Task | None = None,
+                prev_version: Any,
+                context: ServerCallContext,
+            ) -> Any:
+                """The wrapped store's versioned save, refused over a stored terminal state."""
+                del prev
+                store = self.wrapped
+                await _sdk.versioned_tables_ready(store)
+                owner = _sdk.versioned_owner(store, context)
+                attempts, (most, delay) = 0, _sdk.save_retries(store)
+                while True:  # Transient contention is retried, as the SDK's save does.
+                    attempts += 1
+                    try:
+                        version = await self._write(task, event, prev_version, owner)
+                        break
+                    except _Refused as refused:
+                        return self._refused_versioned(task, refused)
+                    except DBAPIError as error:
+                        if not _sdk.is_transient(error) or attempts >= most:
+                            raise
+                        await asyncio.sleep(delay * attempts)
+                if task.status.state == CANCELED and self.notices is not None:
+                    await self.notices.announce(task.id)
+                return version
+
+            def _refused_versioned(self, task: Task, refused: _Refused) -> Any:
+                self._refused(task, refused.state)
+                state = task.status.state
+                if state in TERMINAL_STATES and state != refused.state:
+                    # Another end than the stored one: the SDK's signal to reload and tell its
+                    # subscribers the stored task (its consumer), or answer with it (a cancel).
+                    raise _sdk.ConcurrentTaskModificationError(task.id)
+                # Nothing to reload: a live update is moot (our handler cancels the run), the
+                # same end is the stored one. The SDK's consumer goes on, and publishes it.
+                return refused.version
+
+            async def get(self, task_id: str, context: ServerCallContext) -> Any:  # type: ignore[override]
+                """The task with its version (a ``StoredTask``), as the wrapped store has it."""
+                return await self.wrapped.get(task_id, context)
+
+        VersionedFinalStateTaskStore.__qualname__ = VersionedFinalStateTaskStore.__name__
+        _VersionedFinalStateTaskStore = VersionedFinalStateTaskStore
+    return _VersionedFinalStateTaskStore
+
+
+_VersionedFinalStateTaskStore: type[FinalStateTaskStore] | None = None

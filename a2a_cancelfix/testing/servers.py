@@ -205,9 +205,14 @@ def make_server(
     store: TaskStore | None = None,
     owner: str = "alice",
     push: bool = True,
+    event_stream: Any = None,
     **options: Any,
 ) -> Server:
-    """Build the stock handler, the stock handler around our wrapper, or ours, around ``executor``."""
+    """Build the stock handler, the stock handler around our wrapper, or ours, around ``executor``.
+
+    ``event_stream`` (a2a-sdk 1.3+'s cluster mode, with a versioned ``store``) goes to every kind;
+    ``options`` to ours only.
+    """
     store = store if store is not None else InMemoryTaskStore()
     receiver = PushReceiver()
     configs = InMemoryPushNotificationConfigStore()
@@ -218,6 +223,8 @@ def make_server(
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
     )
     arguments: dict[str, Any] = dict(agent_executor=executor, task_store=store, agent_card=card)
+    if event_stream is not None:
+        arguments["event_stream"] = event_stream
     if push:
         arguments["push_config_store"] = configs
         arguments["push_sender"] = BasePushNotificationSender(receiver.client, configs, caller(owner))
