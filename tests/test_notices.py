@@ -38,6 +38,7 @@ from a2a_cancelfix.testing import (
     within,
 )
 
+from .support import eventually
 from .test_replicas import CHECKPOINTS, PollingExecutor, outcome_within
 from .test_store import PG_DSN, open_database
 
@@ -367,7 +368,13 @@ async def test_a_notice_redis_cannot_take_is_logged_and_the_cancel_stands(tmp_pa
         a.executor.step.open()
         await within(a.executor.stopped.wait())
         assert not a.executor.completed.is_set()  # Before completing, A read the store.
+        task_id = a.executor.task_id or ""
+        await eventually(lambda: _run_closed(a, task_id))  # Not left to the loop's teardown.
         await down.aclose()
+
+
+async def _run_closed(server: Any, task_id: str) -> bool:
+    return await _sdk.live_task(server.handler, task_id) is None
 
 
 class Warned(logging.Handler):
