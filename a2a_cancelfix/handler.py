@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 import warnings
 from collections.abc import AsyncGenerator
@@ -38,8 +37,7 @@ from a2a_cancelfix.lifecycle import (
     Cancellation,
     seconds,
 )
-from a2a_cancelfix.notices import keep_listening
-from a2a_cancelfix.store import FinalStateTaskStore
+from a2a_cancelfix.replicas import RemoteCancels
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -107,18 +105,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         lifecycle.grace_period = grace
         # Otherwise the SDK's own cancel drives, as under its handler, and the work runs apart.
         lifecycle.inline = _sdk.SUPPORTED
-        store = self.task_store
-        # Pushed cancels, and saves refused over an ended task: both say "look now".
-        self._notices = store.notices if isinstance(store, FinalStateTaskStore) else None
-        if isinstance(store, FinalStateTaskStore):
-            store.on_final.append(self._noticed)
-        self._poll = math.inf if poll is None else poll
-        if poll is not None or self._notices is not None:
-            # Runs poll until the notices are heard, and whenever they are not.
-            lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, self._poll
-            lifecycle.on_parked = self._look_at_parked_soon
-        self._parked_looks: asyncio.TimerHandle | None = None
-        self._listener: asyncio.Future[None] | None = None
+        self._replicas = RemoteCancels(self, lifecycle, poll, self._cancel_noticed)
         self.cancel_grace_period = grace
         self.on_parked = on_parked
         self.on_canceled = on_canceled
@@ -174,102 +161,12 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise
         return answer.result()
 
-    def _noticed(self, task_id: str) -> None:
-        """Another replica may have ended ``task_id``: its run or parked task here looks now."""
-        lifecycle = self._lifecycle
-        if task_id in lifecycle.cancellations:
-            return
-        work = lifecycle.works.get(task_id)
-        if work is not None:
-            keep(work.run.look())  # Finding CANCELED, it cancels the run here.
-        elif task_id in lifecycle.parked:
-            keep(self._look_at_parked(task_id))
-
-    def _listen(self) -> None:
-        """Hear the store's notices from the first message on, for as long as the loop runs."""
-        if self._listener is None and self._notices is not None:
-            self._listener = keep(keep_listening(self._notices, self._noticed, self._heard, self._unheard))
-
-    def _heard(self) -> None:
-        """Listening (again): stop polling, and look once at every task here, in case."""
-        self._poll_every(math.inf)
-        lifecycle = self._lifecycle
-        for work in list(lifecycle.works.values()):
-            keep(work.run.look())
-        if lifecycle.parked:
-            keep(self._looks_at_parked())
-
-    def _unheard(self) -> None:
-        """The notices are lost: poll as without them until they are back."""
-        self._poll_every(self._poll)
-        if self._lifecycle.parked:
-            self._look_at_parked_soon()
-
-    def _poll_every(self, interval: float) -> None:
-        lifecycle = self._lifecycle
-        lifecycle.poll_interval = interval
-        for work in lifecycle.works.values():
-            work.run.poll_every(interval)
-        if interval == math.inf and self._parked_looks is not None:
-            self._parked_looks.cancel()
-            self._parked_looks = None
-
     async def aclose(self) -> None:
         """Stop hearing notices; on a2a-sdk 1.3+, then shut down as the SDK does."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+        await self._replicas.aclose()
         sdk_close = getattr(super(), "aclose", None)  # 1.3.0
         if sdk_close is not None:
             await sdk_close()
-
-    def _look_at_parked_soon(self) -> None:
-        """Look at the parked tasks after one poll interval: one timer for all of them."""
-        interval = self._lifecycle.poll_interval
-        if self._parked_looks is None and interval != math.inf:
-            self._parked_looks = asyncio.get_running_loop().call_later(interval, self._look_at_all_parked)
-
-    def _look_at_all_parked(self) -> None:
-        self._parked_looks = None
-        keep(self._looks_at_parked())
-
-    async def _looks_at_parked(self) -> None:
-        """Look at each parked task; while polling, again after one interval."""
-        parked = self._lifecycle.parked
-        for task_id in list(parked):
-            await self._look_at_parked(task_id)
-        if parked:
-            self._look_at_parked_soon()
-
-    async def _look_at_parked(self, task_id: str) -> None:
-        """Cancel here a parked task that another replica cancelled in the store.
-
-        Its run here is still live (the SDK keeps it for the follow-up), with its subscribers
-        and push configs: they end on CANCELED as for a cancel made here. A task that resumed,
-        ended, or whose run closed is forgotten.
-        """
-        parked = self._lifecycle.parked
-        caller = parked.get(task_id)
-        if caller is None:
-            return
-        active = await _sdk.live_task(self, task_id)
-        if active is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
-            if parked.get(task_id) is caller:
-                del parked[task_id]
-            return
-        try:
-            stored = await _sdk.read_task(self, task_id, caller)
-        except Exception:  # A store hiccup must not end the looking; the next look retries.
-            logger.warning("could not read parked task %s to look for a remote cancel", task_id, exc_info=True)
-            return
-        state = None if stored is None else stored.status.state
-        if state in _sdk.PARKED_STATES or parked.get(task_id) is not caller:
-            return  # Still parked; or resumed or cancelled here meanwhile.
-        del parked[task_id]
-        if stored is not None and state == _sdk.CANCELED:
-            await self._cancel_noticed(stored, active, caller)
 
     async def _cancel_noticed(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
@@ -278,10 +175,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             await self._drive(cancellation, CancelTaskRequest(id=stored.id), stored, active, caller)
         finally:
             _telemetry.end(cancellation.span)
-
-    async def _stored_for_run(self, context: RequestContext) -> Task | None:
-        """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
-        return await _sdk.read_task(self, context.task_id or "", context.call_context)
 
     async def _read(self, task_id: str, context: ServerCallContext) -> Task | None:
         """The task as the caller may see it; a failing store is an A2A error."""
@@ -414,7 +307,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
         """Send a message, as the SDK does; a task that ended or is being canceled refuses it."""
-        self._listen()
+        self._replicas.listen()
         await self._refuse_if_ended(params, context)
         try:
             return await _sdk_send(self, params, context)
@@ -427,7 +320,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
-        self._listen()
+        self._replicas.listen()
         await self._refuse_if_ended(params, context)
         events = _sdk_stream(self, params, context)
         drained = False

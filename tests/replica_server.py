@@ -3,7 +3,8 @@
 Run as ``python tests/replica_server.py DATABASE_URL [SCHEMA]``; it prints ``READY <port>``
 once it serves on 127.0.0.1, and exits when its standard input closes, so it never outlives
 the test that started it. ``A2ACF_NOTICES`` (``postgres`` or a Redis URL) gives its store
-notices, and ``A2ACF_POLL`` its poll interval.
+notices, ``A2ACF_POLL`` its poll interval, and ``A2ACF_CLUSTER`` puts it in a2a-sdk 1.3's
+cluster mode (a versioned store, an event stream tailing its journal).
 """
 
 from __future__ import annotations
@@ -79,7 +80,14 @@ def build(url: str, schema: str | None) -> Starlette:
         import redis.asyncio as redis
 
         notices = redis.Redis.from_url(notices)
-    store = FinalStateTaskStore(DatabaseTaskStore(engine), notices=notices)
+    event_stream = None
+    if os.environ.get("A2ACF_CLUSTER"):  # a2a-sdk 1.3's cluster mode
+        from a2a.server.cluster import DatabaseTaskEventStream, VersionedDatabaseTaskStore
+
+        store = FinalStateTaskStore(VersionedDatabaseTaskStore(engine), notices=notices)
+        event_stream = DatabaseTaskEventStream(engine, poll_interval_s=0.05)
+    else:
+        store = FinalStateTaskStore(DatabaseTaskStore(engine), notices=notices)
     executor = StepExecutor()
     configs = InMemoryPushNotificationConfigStore()
     card = AgentCard(
@@ -95,6 +103,7 @@ def build(url: str, schema: str | None) -> Starlette:
         push_sender=BasePushNotificationSender(httpx.AsyncClient(), configs, ServerCallContext()),
         cancel_grace_period=2.0,
         replica_poll_interval=POLL_INTERVAL,
+        **({"event_stream": event_stream} if event_stream is not None else {}),
     )
 
     async def debug(request):  # What this replica's executor saw.

@@ -459,7 +459,7 @@ async def test_a_versioned_database_store_is_wrapped_as_a_versioned_store(databa
     store = FinalStateTaskStore(VersionedDatabaseTaskStore(database.engine()))
     assert isinstance(store, FinalStateTaskStore) and isinstance(store, VersionedTaskStore)
     server = await replica(database, "ours", ScriptedExecutor())
-    assert server.store.on_final == [server.handler._noticed]
+    assert server.store.on_final == [server.handler._replicas.noticed]
     with pytest.raises(TypeError, match="VersionedDatabaseTaskStore"):
         FinalStateTaskStore(LegacyTaskStoreAdapter(InMemoryTaskStore()))
 
@@ -488,3 +488,32 @@ def test_the_sdks_warnings_point_at_the_callers_line(tmp_path: Path, kind: str) 
     assert "without an event_stream" in str(categories[UserWarning].message)
     for warning in raised:
         assert warning.filename == __file__, (warning.category, warning.filename)
+
+
+@pytest.mark.asyncio
+async def test_notices_reach_a_run_that_saves_nothing(tmp_path: Path) -> None:
+    """Cluster mode with ``notices="postgres"``: B's cancel reaches A's run at once, though A
+    saves nothing that the store could refuse and polls once an hour."""
+    async with open_database("postgresql", tmp_path) as database:
+        servers = []
+        for _ in "ab":
+            sdk_store = VersionedDatabaseTaskStore(database.engine())
+            await sdk_store.initialize()
+            stream = DatabaseTaskEventStream(database.engine(), poll_interval_s=JOURNAL_POLL)
+            await stream.initialize()
+            store = FinalStateTaskStore(sdk_store, notices="postgres")
+            servers.append(
+                make_server("ours", ScriptedExecutor(), store=store, event_stream=stream,
+                            replica_poll_interval=3600, cancel_grace_period=BOUND)
+            )
+        a, b = servers
+        sent = await start(a)
+        task_id = a.executor.task_id or ""
+        assert await within(cancel(b, task_id)) == "CANCELED"
+        await within(a.executor.cancel_called.wait())
+        await within(a.executor.stopped.wait())
+        assert not a.executor.completed.is_set()
+        assert await sent.ended() and sent.last == "CANCELED"
+        await eventually(lambda: _not_running(a, task_id))
+        for server in servers:
+            await within(server.handler.aclose())

@@ -156,12 +156,14 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         try:
             yield made
         finally:
+            for listener in made.listening:
+                listener.reconnect.open()
             for server in made.servers:
                 server.executor.step.open()
-                if isinstance(server.handler, _sdk.DefaultRequestHandlerV2) and hasattr(server.handler, "_notices"):
-                    for listener in made.listening:
-                        listener.reconnect.open()
-                    await within(server.handler.aclose())
+                task_id = server.executor.task_id
+                if task_id:  # Closed here, not cut by the loop's teardown mid-write.
+                    await eventually(lambda: _run_closed(server, task_id))
+                await within(server.handler.aclose())
             for close in made.closers:
                 await close()
 
@@ -317,6 +319,7 @@ async def test_a_save_refused_over_the_cancel_tells_the_run_at_once() -> None:
     await within(a.executor.stopped.wait())
     assert a.executor.cancel_called.is_set() and not a.executor.completed.is_set()
     assert await stream.ended() and stream.last == "CANCELED"
+    await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
 
 
 @pytest.mark.asyncio

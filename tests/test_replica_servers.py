@@ -23,6 +23,7 @@ from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import StreamResponse
 from google.protobuf import json_format
 
+from a2a_cancelfix import _sdk
 from a2a_cancelfix.testing import PushReceiver, Stream
 
 from .test_store import open_database
@@ -164,3 +165,41 @@ async def test_a_pushed_cancel_reaches_the_running_process_with_polling_an_hour_
             assert await stream.ended(BOUND) and stream.last == "CANCELED"
             _, debug = await rest(client, "GET", f"{a.url}/debug")
             assert task_id in debug["cancelled"] and task_id in debug["stopped"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(not _sdk.HAS_CLUSTER, reason="cluster mode is a2a-sdk 1.3+")
+async def test_in_cluster_mode_a_cancel_through_another_replica_reaches_the_running_one(database) -> None:
+    """Upstream's cluster mode between processes: A's cancel() runs and its stream ends
+    CANCELED; a subscriber on B, tailing the journal, ends CANCELED too."""
+    from a2a.server.cluster import DatabaseTaskEventStream, VersionedDatabaseTaskStore
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url, schema = database
+    # The versions and journal tables, before the replicas race to make them.
+    engine = create_async_engine(url, connect_args={"server_settings": {"search_path": schema}} if schema else {})
+    await VersionedDatabaseTaskStore(engine).initialize()
+    await DatabaseTaskEventStream(engine).initialize()
+    await engine.dispose()
+    async with replicas(database, 2, A2ACF_CLUSTER="1") as (a, b):
+        async with httpx.AsyncClient(timeout=BOUND) as client:
+            stream, task_id = await working(client, a.url, None)
+            remote = Stream(subscribe(client, b.url, task_id))
+            await remote.until(lambda: bool(remote.events), BOUND)
+            status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+            assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
+            assert await stream.ended(BOUND) and stream.last == "CANCELED"
+            assert await remote.ended(BOUND) and remote.last == "CANCELED"
+            _, debug = await rest(client, "GET", f"{a.url}/debug")
+            assert task_id in debug["cancelled"] and task_id in debug["stopped"]
+
+
+async def subscribe(client: httpx.AsyncClient, url: str, task_id: str) -> AsyncIterator[Any]:
+    """SubscribeToTask over JSON-RPC, as plain HTTP."""
+    request = {"jsonrpc": "2.0", "id": 2, "method": "SubscribeToTask", "params": {"id": task_id}}
+    async with client.stream("POST", url + "/", json=request, headers=HEADERS) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                event = StreamResponse()
+                json_format.ParseDict(json.loads(line[5:])["result"], event, ignore_unknown_fields=True)
+                yield getattr(event, event.WhichOneof("payload"))

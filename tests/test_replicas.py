@@ -109,7 +109,7 @@ async def test_no_poll_before_the_interval_is_due() -> None:
     """A run that checkpoints in a tight loop does not read the store before the interval is due."""
     reads = 0
     a, b = replicas(PollingExecutor(), replica_poll_interval=3600)
-    original = a.handler._stored_for_run
+    original = a.handler.agent_executor.cancel_lifecycle.read_stored
 
     async def counted(context: RequestContext):
         nonlocal reads

@@ -1,0 +1,161 @@
+"""How a replica learns that another one cancelled a task it runs, or holds parked.
+
+Three ways, one outcome. A notice (PostgreSQL's NOTIFY, Redis pub/sub: notices.py) says "look
+now"; so does a save the store refused over the stored end (``FinalStateTaskStore.on_final``);
+and while no notices are heard, a run's checkpoints poll the store and the parked tasks are
+looked at once per interval. Every look reads the store, which stays the truth; one that finds
+CANCELED carries the cancel out here, through the same lifecycle as a cancel asked for here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from a2a.server.agent_execution import RequestContext
+from a2a.types import Task
+
+from a2a_cancelfix import _sdk
+from a2a_cancelfix._aio import keep
+from a2a_cancelfix.notices import keep_listening
+from a2a_cancelfix.store import FinalStateTaskStore
+
+if TYPE_CHECKING:
+    from a2a.server.context import ServerCallContext
+    from a2a.server.request_handlers import DefaultRequestHandlerV2
+
+    from a2a_cancelfix.lifecycle import Lifecycle
+
+# Carries out here a cancel another replica recorded for a parked task: (stored, run, caller).
+CancelHere = Callable[[Task, Any, "ServerCallContext"], Awaitable[None]]
+
+logger = logging.getLogger("a2a_cancelfix")
+
+
+class RemoteCancels:
+    """One handler's watch for cancels recorded by other replicas.
+
+    Args:
+        handler: our handler, whose store is read and whose runs are found.
+        lifecycle: the handler's lifecycle, whose runs and parked tasks are watched.
+        poll: seconds between two polls while no notices are heard; None never polls.
+        cancel_here: how the handler carries out the cancel of a parked task found CANCELED.
+    """
+
+    def __init__(
+        self, handler: DefaultRequestHandlerV2, lifecycle: Lifecycle, poll: float | None, cancel_here: CancelHere
+    ) -> None:
+        self.handler, self.lifecycle, self._cancel_here = handler, lifecycle, cancel_here
+        store = handler.task_store
+        self.notices = store.notices if isinstance(store, FinalStateTaskStore) else None
+        if isinstance(store, FinalStateTaskStore):
+            store.on_final.append(self.noticed)
+        self.poll = math.inf if poll is None else poll
+        if poll is not None or self.notices is not None:
+            # Runs poll until the notices are heard, and whenever they are not.
+            lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, self.poll
+            lifecycle.on_parked = self._look_at_parked_soon
+        self._parked_looks: asyncio.TimerHandle | None = None
+        self._listener: asyncio.Future[None] | None = None
+
+    def noticed(self, task_id: str) -> None:
+        """Another replica may have ended ``task_id``: its run or parked task here looks now."""
+        lifecycle = self.lifecycle
+        if task_id in lifecycle.cancellations:
+            return
+        work = lifecycle.works.get(task_id)
+        if work is not None:
+            keep(work.run.look())  # Finding CANCELED, it cancels the run here.
+        elif task_id in lifecycle.parked:
+            keep(self._look_at_parked(task_id))
+
+    def listen(self) -> None:
+        """Hear the store's notices from the first message on, for as long as the loop runs."""
+        if self._listener is None and self.notices is not None:
+            self._listener = keep(keep_listening(self.notices, self.noticed, self._heard, self._unheard))
+
+    async def aclose(self) -> None:
+        """Stop hearing notices."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    def _heard(self) -> None:
+        """Listening (again): stop polling, and look once at every task here, in case."""
+        self._poll_every(math.inf)
+        lifecycle = self.lifecycle
+        for work in list(lifecycle.works.values()):
+            keep(work.run.look())
+        if lifecycle.parked:
+            keep(self._looks_at_parked())
+
+    def _unheard(self) -> None:
+        """The notices are lost: poll as without them until they are back."""
+        self._poll_every(self.poll)
+        if self.lifecycle.parked:
+            self._look_at_parked_soon()
+
+    def _poll_every(self, interval: float) -> None:
+        lifecycle = self.lifecycle
+        lifecycle.poll_interval = interval
+        for work in lifecycle.works.values():
+            work.run.poll_every(interval)
+        if interval == math.inf and self._parked_looks is not None:
+            self._parked_looks.cancel()
+            self._parked_looks = None
+
+    async def _stored_for_run(self, context: RequestContext) -> Task | None:
+        """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
+        return await _sdk.read_task(self.handler, context.task_id or "", context.call_context)
+
+    def _look_at_parked_soon(self) -> None:
+        """Look at the parked tasks after one poll interval: one timer for all of them."""
+        interval = self.lifecycle.poll_interval
+        if self._parked_looks is None and interval != math.inf:
+            self._parked_looks = asyncio.get_running_loop().call_later(interval, self._look_at_all_parked)
+
+    def _look_at_all_parked(self) -> None:
+        self._parked_looks = None
+        keep(self._looks_at_parked())
+
+    async def _looks_at_parked(self) -> None:
+        """Look at each parked task; while polling, again after one interval."""
+        parked = self.lifecycle.parked
+        for task_id in list(parked):
+            await self._look_at_parked(task_id)
+        if parked:
+            self._look_at_parked_soon()
+
+    async def _look_at_parked(self, task_id: str) -> None:
+        """Cancel here a parked task that another replica cancelled in the store.
+
+        Its run here is still live (the SDK keeps it for the follow-up), with its subscribers
+        and push configs: they end on CANCELED as for a cancel made here. A task that resumed,
+        ended, or whose run closed is forgotten.
+        """
+        parked = self.lifecycle.parked
+        caller = parked.get(task_id)
+        if caller is None:
+            return
+        active = await _sdk.live_task(self.handler, task_id)
+        if active is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
+            if parked.get(task_id) is caller:
+                del parked[task_id]
+            return
+        try:
+            stored = await _sdk.read_task(self.handler, task_id, caller)
+        except Exception:  # A store hiccup must not end the looking; the next look retries.
+            logger.warning("could not read parked task %s to look for a remote cancel", task_id, exc_info=True)
+            return
+        state = None if stored is None else stored.status.state
+        if state in _sdk.PARKED_STATES or parked.get(task_id) is not caller:
+            return  # Still parked; or resumed or cancelled here meanwhile.
+        del parked[task_id]
+        if stored is not None and state == _sdk.CANCELED:
+            await self._cancel_here(stored, active, caller)
