@@ -163,12 +163,17 @@ class RedisNotices(CancelNotices):
             await pubsub.aclose()
 
     async def _ids(self, pubsub: Any) -> AsyncIterator[str | None]:
-        subscribed = False
+        subscribed = pinged = False
         while True:
             message = await pubsub.get_message(timeout=self.heartbeat)
             if message is None:
+                if pinged:  # A link that looks alive but carries nothing (half-open).
+                    raise ConnectionError("Redis did not answer the listening connection's PING")
                 await pubsub.ping()  # Its answer comes back as a message: the link is alive.
-            elif message["type"] == "subscribe":
+                pinged = True
+                continue
+            pinged = False
+            if message["type"] == "subscribe":
                 if subscribed:
                     # redis-py reconnected and subscribed again by itself: whatever was
                     # published meanwhile is gone. Lost it is, as for any other drop.

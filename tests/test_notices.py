@@ -401,3 +401,34 @@ def _count_reads(store: FinalStateTaskStore) -> SimpleNamespace:
 
     store.get = counted  # type: ignore[method-assign]
     return reads
+
+
+@pytest.mark.asyncio
+async def test_a_listener_that_hears_nothing_back_is_lost_and_polls(tmp_path: Path) -> None:
+    """Redis stops answering (CLIENT PAUSE: to the listener, a half-open link): the PING that
+    the heartbeat sends goes unanswered, the connection counts as lost, and A polls again."""
+    import redis.asyncio as redis
+
+    await _need_redis()
+    async with open_database("sqlite", tmp_path) as database:
+        client, admin = redis.Redis.from_url(REDIS_URL), redis.Redis.from_url(REDIS_URL)
+        notices = RedisNotices(client, f"a2acf_{uuid.uuid4().hex[:12]}", heartbeat=0.1)
+        listening = Listening(notices)
+        store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices)
+        a = make_server("ours", PollingExecutor(), store=store, replica_poll_interval=0.01)
+        try:
+            await start(a)
+            await within(listening.heard())
+            assert a.handler.agent_executor.cancel_lifecycle.poll_interval == float("inf")
+            listening.hold()
+            await admin.execute_command("CLIENT", "PAUSE", "300", "ALL")
+            await listening.retrying()
+            assert a.handler.agent_executor.cancel_lifecycle.poll_interval == 0.01
+        finally:
+            listening.reconnect.open()
+            a.executor.released.set()
+            await within(a.executor.stopped.wait())
+            await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
+            await within(a.handler.aclose())
+            await client.aclose()
+            await admin.aclose()
