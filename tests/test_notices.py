@@ -119,6 +119,15 @@ class Replicas(SimpleNamespace):
         self.servers += [a, b]
         return a, b
 
+    async def cut_listener(self) -> Listening:
+        """Once A listens, kill its connection and hold its reconnect (``reconnect`` opens it)."""
+        listening = self.listening[0]
+        await within(listening.heard())
+        listening.hold()
+        await self.kill_listeners()
+        await listening.retrying()
+        return listening
+
     async def kill_listeners(self) -> None:
         """Kill the listening connections from the server's side, as a failover would."""
         if self.kind == "postgres":
@@ -237,11 +246,7 @@ async def test_a_lost_listener_falls_back_to_polling(replicas: Replicas) -> None
     cancel reaches its run by the next due checkpoint."""
     a, b = replicas.pair(PollingExecutor(), replica_poll_interval=0.01)
     await start(a)
-    listening = replicas.listening[0]
-    await within(listening.heard())
-    listening.hold()
-    await replicas.kill_listeners()
-    await listening.retrying()
+    listening = await replicas.cut_listener()
     assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
     await within(a.executor.stopped.wait())
     assert a.executor.cancel_called.is_set() and listening.starts == 1
@@ -253,11 +258,7 @@ async def test_a_cancel_announced_while_not_listening_is_found_on_reconnect(repl
     again, A looks at each of its runs once, and finds it."""
     a, b = replicas.pair(ScriptedExecutor())
     await start(a)
-    listening = replicas.listening[0]
-    await within(listening.heard())
-    listening.hold()
-    await replicas.kill_listeners()
-    await listening.retrying()
+    listening = await replicas.cut_listener()
     assert await within(cancel(b, a.executor.task_id or "")) == "CANCELED"
     await wait_all_tasks_blocked()
     assert not a.executor.cancel_called.is_set()  # The notice is lost; nothing else told A.
