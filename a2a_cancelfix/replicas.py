@@ -136,8 +136,8 @@ class RemoteCancels:
         """Cancel here a parked task that another replica cancelled in the store.
 
         Its run here is still live (the SDK keeps it for the follow-up), with its subscribers
-        and push configs: they end on CANCELED as for a cancel made here. A task that resumed,
-        ended, or whose run closed is forgotten.
+        and push configs: they end on CANCELED as for a cancel made here. A task that ended or
+        whose run closed is forgotten; one that resumed forgot itself.
         """
         parked = self.lifecycle.parked
         caller = parked.get(task_id)
@@ -153,9 +153,10 @@ class RemoteCancels:
         except Exception:  # A store hiccup must not end the looking; the next look retries.
             logger.warning("could not read parked task %s to look for a remote cancel", task_id, exc_info=True)
             return
-        state = None if stored is None else stored.status.state
-        if state in _sdk.PARKED_STATES or parked.get(task_id) is not caller:
-            return  # Still parked; or resumed or cancelled here meanwhile.
+        if parked.get(task_id) is not caller:
+            return  # Resumed or cancelled here meanwhile: that run or cancel sees to it.
+        if stored is None or stored.status.state not in _sdk.TERMINAL_STATES:
+            return  # Still parked; or parked here before the store has saved it (so).
         del parked[task_id]
-        if stored is not None and state == _sdk.CANCELED:
+        if stored.status.state == _sdk.CANCELED:
             await self._cancel_here(stored, active, caller)

@@ -517,3 +517,29 @@ async def test_notices_reach_a_run_that_saves_nothing(tmp_path: Path) -> None:
         await eventually(lambda: _not_running(a, task_id))
         for server in servers:
             await within(server.handler.aclose())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_task_parked_on_a_and_canceled_on_b_ends_canceled_on_a(database: Database, kind: str) -> None:
+    """Nothing runs on A for a parked task, and nothing saves there: stock's A never learns (its
+    subscriber stays open, cancel() never runs); ours looks at its parked tasks once per poll
+    interval, so A's subscriber and push end CANCELED and cancel() runs there."""
+    options = {"replica_poll_interval": 0.01} if kind == "ours" else {}
+    a = await replica(database, kind, ScriptedExecutor(park=True), **options)
+    b = await replica(database, kind, ScriptedExecutor(), **options)
+    await start(a, push_url=PUSH_URL)
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(a.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    if kind == "stock":
+        await wait_all_tasks_blocked()
+        assert not subscriber.task.done() and not a.executor.cancel_called.is_set()
+    else:
+        assert await subscriber.ended() and subscriber.last == "CANCELED"
+        await a.push.posted(PUSH_URL, "CANCELED")
+        assert a.executor.cancel_called.is_set()
+    assert await stored(a, task_id) == "CANCELED"
+    for server in (a, b):
+        await within(server.handler.aclose())

@@ -12,14 +12,17 @@ from collections.abc import Awaitable
 import pytest
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import SendMessageRequest, TaskState
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, checkpoint
 from a2a_cancelfix.testing import (
     Changes,
+    Gate,
     ScriptedExecutor,
     Stream,
     cancel,
     make_server,
+    message,
     start,
     stored,
     wait_all_tasks_blocked,
@@ -189,3 +192,38 @@ async def test_a_parked_task_whose_run_closed_here_is_forgotten() -> None:
     await _sdk.force_close(await _sdk.live_task(a.handler, task_id), 1.0)
     await eventually(lambda: task_id not in parked)
     assert await stored(a, task_id) == "INPUT_REQUIRED"
+
+
+@pytest.mark.asyncio
+async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_watched() -> None:
+    """The run parks before the SDK has saved INPUT_REQUIRED (or the task at all): a look in
+    between reads WORKING, or nothing, and must not forget the task, which B then cancels."""
+    store = FinalStateTaskStore(InMemoryTaskStore())
+    a = make_server("ours", ScriptedExecutor(park=True), store=store, replica_poll_interval=0.01)
+    b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=0.01)
+    held, save, looks, get = Gate(), store.save, Changes(), store.get
+    counted = {"looks": 0}
+
+    async def held_save(task, context):
+        if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            await held()
+        await save(task, context)
+
+    async def counted_get(task_id, context):
+        counted["looks"] += 1
+        looks.notify()
+        return await get(task_id, context)
+
+    store.save, store.get = held_save, counted_get  # type: ignore[method-assign]
+    sent = Stream(a.calls.send_stream(SendMessageRequest(message=message()), "alice"))
+    await within(held.reached.wait())
+    seen = counted["looks"]
+    await looks.until(lambda: counted["looks"] >= seen + 2)  # A looked while the save was held.
+    held.open()
+    await sent.until(lambda: sent.last == "INPUT_REQUIRED")
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(a.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    assert a.executor.cancel_called.is_set()
