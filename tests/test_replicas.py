@@ -196,30 +196,30 @@ async def test_a_parked_task_whose_run_closed_here_is_forgotten() -> None:
 
 @pytest.mark.asyncio
 async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_watched() -> None:
-    """The run parks before the SDK has saved INPUT_REQUIRED (or the task at all): a look in
-    between reads WORKING, or nothing, and must not forget the task, which B then cancels."""
+    """The run parks before the SDK has saved INPUT_REQUIRED: a look in between reads WORKING
+    and must not forget the task, which B then cancels."""
     store = FinalStateTaskStore(InMemoryTaskStore())
     a = make_server("ours", ScriptedExecutor(park=True), store=store, replica_poll_interval=0.01)
     b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=0.01)
-    held, save, looks, get = Gate(), store.save, Changes(), store.get
-    counted = {"looks": 0}
+    held, save = Gate(), store.save
+    looked, look = asyncio.Event(), a.handler._replicas._look_at_parked
 
     async def held_save(task, context):
         if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
             await held()
         await save(task, context)
 
-    async def counted_get(task_id, context):
-        counted["looks"] += 1
-        looks.notify()
-        return await get(task_id, context)
+    async def noted_look(task_id: str) -> None:
+        await look(task_id)
+        looked.set()
 
-    store.save, store.get = held_save, counted_get  # type: ignore[method-assign]
+    store.save, a.handler._replicas._look_at_parked = held_save, noted_look  # type: ignore[method-assign]
     sent = Stream(a.calls.send_stream(SendMessageRequest(message=message()), "alice"))
-    await within(held.reached.wait())
-    seen = counted["looks"]
-    await looks.until(lambda: counted["looks"] >= seen + 2)  # A looked while the save was held.
-    held.open()
+    try:
+        await within(held.reached.wait())
+        await within(looked.wait())  # A looked while the store still said WORKING.
+    finally:
+        held.open()
     await sent.until(lambda: sent.last == "INPUT_REQUIRED")
     task_id = a.executor.task_id or ""
     subscriber = Stream(a.calls.subscribe(task_id, "alice"))
