@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import heapq
+import itertools
 import logging
-from collections.abc import Awaitable
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 try:
@@ -34,8 +39,149 @@ def _forget(task: asyncio.Future[Any]) -> None:
         logger.error("background work of a2a-cancelfix failed", exc_info=task.exception())
 
 
+class Deadlines:
+    """Every deadline of one loop on one loop timer: thousands of cancels, one timer.
+
+    A loop timer per wait costs a handle, a ``Timeout`` and their garbage on each; here a
+    deadline is a heap entry, and only the earliest one has a timer. While any entry is
+    left, that timer is what holds this (see `deadlines`).
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []  # [when, order, callback or None once dropped]
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._dropped = 0
+
+    def at(self, when: float, callback: Callable[[], Any]) -> list[Any]:
+        """Call ``callback`` once the loop's clock reaches ``when``; `drop` the entry to not."""
+        entry = [when, next(self._order), callback]
+        heapq.heappush(self._heap, entry)
+        if self._timer is None or when < self._timer.when():
+            self._arm(when)
+        return entry
+
+    def drop(self, entry: list[Any]) -> None:
+        if entry[2] is not None:
+            entry[2] = None
+            self._dropped += 1
+            # Dropped entries wait in the heap for their time; past half of it, sweep them.
+            if self._dropped > 64 and self._dropped * 2 > len(self._heap):
+                self._heap[:] = [entry for entry in self._heap if entry[2] is not None]
+                heapq.heapify(self._heap)
+                self._dropped = 0
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        # In a context of its own: the caller's (a run's) must not live as long as the timer.
+        self._timer = asyncio.get_running_loop().call_at(when, self._fire, context=contextvars.Context())
+
+    def _fire(self) -> None:
+        self._timer = None
+        heap, now = self._heap, asyncio.get_running_loop().time()
+        while heap and (heap[0][0] <= now or heap[0][2] is None):
+            callback = heapq.heappop(heap)[2]
+            if callback is None:
+                self._dropped -= 1
+            else:
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("a deadline's callback of a2a-cancelfix failed")
+        if heap:
+            self._arm(heap[0][0])
+
+
+# Weak both ways: a loop's entries hold its futures, so a strong value would keep the key.
+_deadlines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[Deadlines]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def deadlines() -> Deadlines:
+    """The running loop's `Deadlines`, made anew once the last had nothing left to time."""
+    loop = asyncio.get_running_loop()
+    held = _deadlines.get(loop)
+    found = None if held is None else held()
+    if found is None:
+        found = Deadlines()
+        _deadlines[loop] = weakref.ref(found)
+    return found
+
+
+class Once:
+    """A signal given once, waited for until a deadline on the loop's `Deadlines`.
+
+    Like an ``asyncio.Event`` that is never cleared, whose waiters wake in the loop turn it
+    is given (a future's done-callbacks would take one more), and whose bounded waits need
+    no ``Timeout`` and no timer of their own.
+    """
+
+    __slots__ = ("given", "_waiters")
+
+    def __init__(self) -> None:
+        self.given = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def give(self) -> None:
+        """Give the signal; the second time is nothing."""
+        if not self.given:
+            self.given = True
+            for waiter in self._waiters:
+                _wake(waiter)
+
+    async def wait(self, deadline: float) -> bool:
+        """Wait until given or the loop's clock reaches ``deadline``; whether it was given.
+
+        Even past the deadline the wait takes one loop turn: what was just interrupted may
+        end in it.
+        """
+        if self.given:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        timers = deadlines()
+        entry = timers.at(deadline, functools.partial(_wake, waiter))
+        try:
+            await waiter
+        finally:
+            timers.drop(entry)
+            self._waiters.remove(waiter)
+        return self.given
+
+
+def _wake(waiter: asyncio.Future[None], _: object = None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def wait_done(future: asyncio.Future[Any] | None, deadline: float) -> bool:
+    """Wait until ``future`` is done or the loop's clock reaches ``deadline``; whether it is.
+
+    No task and no timer of its own: a waiter future, woken by ``future`` or by `deadlines`.
+    """
+    if future is None or future.done():
+        return True
+    waiter = asyncio.get_running_loop().create_future()
+    wake = functools.partial(_wake, waiter)
+    future.add_done_callback(wake)
+    timers = deadlines()
+    entry = timers.at(deadline, wake)
+    try:
+        await waiter
+    finally:
+        future.remove_done_callback(wake)
+        timers.drop(entry)
+    return future.done()
+
+
 async def wait_set(event: asyncio.Event, deadline: float) -> bool:
-    """Wait until ``event`` is set or the loop's clock reaches ``deadline``; whether it is set."""
+    """Wait until ``event`` is set or the loop's clock reaches ``deadline``; whether it is set.
+
+    For an event that is set and cleared again (the SDK's, a shield's); a signal given once
+    is a `Once`.
+    """
     if not event.is_set():
         try:
             if _timeout_at is None:
@@ -46,15 +192,6 @@ async def wait_set(event: asyncio.Event, deadline: float) -> bool:
         except asyncio.TimeoutError:
             pass
     return event.is_set()
-
-
-async def wait_done(future: asyncio.Future[Any] | None, deadline: float) -> bool:
-    """Wait until ``future`` is done or the loop's clock reaches ``deadline``; whether it is."""
-    if future is None:
-        return True
-    if not future.done():
-        await asyncio.wait({future}, timeout=max(deadline - asyncio.get_running_loop().time(), 0))
-    return future.done()
 
 
 def deadline_in(seconds: float) -> float:

@@ -13,6 +13,7 @@ import importlib.metadata
 import inspect
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.types import Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 from a2a.utils import telemetry as _telemetry_module
 
-from a2a_cancelfix._aio import deadline_in, keep, wait_done, wait_set
+from a2a_cancelfix._aio import deadline_in, deadlines, keep, wait_done, wait_set
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
@@ -259,15 +260,28 @@ async def wait_finished(active: ActiveTask, deadline: float) -> bool:
     return await wait_set(active._is_finished, deadline)  # 1.0.0-1.3.0
 
 
-async def run_closed(active: ActiveTask, deadline: float) -> bool:
-    """Let the run close on its own, by ``deadline``: its producer ends, then its consumer.
+def unless_closed_by(active: ActiveTask, deadline: float, stuck: Callable[[], Any]) -> None:
+    """Call ``stuck`` if the run has not closed on its own by ``deadline``.
 
     The producer's teardown closes the queues and ends the streams; cancelling it instead
-    could land inside that teardown and leave them open, so a run still open at
-    ``deadline`` is left to `force_close`.
+    could land inside that teardown and leave them open, so only a run still open at
+    ``deadline`` is left to `force_close`. No task and no wait: done-callbacks on the run's
+    tasks and one entry in the loop's `deadlines`.
     """
     # ActiveTask._producer_task and _consumer_task: 1.0.0-1.3.0
-    return await wait_done(active._producer_task, deadline) and await wait_done(active._consumer_task, deadline)
+    tasks = (active._producer_task, active._consumer_task)
+    running = [task for task in tasks if task is not None and not task.done()]
+    if not running:
+        return
+    timers = deadlines()
+    entry = timers.at(deadline, stuck)
+
+    def closed(_: object) -> None:
+        if all(task.done() for task in running):
+            timers.drop(entry)
+
+    for task in running:
+        task.add_done_callback(closed)
 
 
 async def force_close(active: ActiveTask, timeout: float) -> None:

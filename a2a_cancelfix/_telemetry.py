@@ -70,14 +70,15 @@ def step(span: Any, name: str, **attributes: Any) -> None:
     """Record a lifecycle step as an event on ``span``.
 
     A step after ``span`` ended (a run torn down behind the answer, a save refused once the
-    request returned) becomes a short span of its own, child of the span current here.
+    request returned) becomes a short span of its own, child of ``span``.
     """
     if span is None:
         return
     if span.is_recording():
         span.add_event(f"{PREFIX}.{name}", attributes)
     elif span.get_span_context().is_valid:
-        with _tracer.start_as_current_span(f"{PREFIX}.{name}", attributes=attributes) as late:
+        under = trace.set_span_in_context(span)
+        with _tracer.start_as_current_span(f"{PREFIX}.{name}", under, attributes=attributes) as late:
             late.add_event(f"{PREFIX}.{name}", attributes)
 
 
@@ -131,8 +132,9 @@ def save_refused(task_id: str, stored: str, refused: str) -> None:
     _saves_refused.add(1, {"stored": stored, "refused": refused})
 
 
-def teardown_forced(task_id: str) -> None:
+def teardown_forced(task_id: str, span: Any = None) -> None:
+    """A run was force-closed; recorded under ``span``, by default the current one."""
     if not ENABLED:
         return
-    step(trace.get_current_span(), "teardown_forced", task_id=task_id)
+    step(span if span is not None else trace.get_current_span(), "teardown_forced", task_id=task_id)
     _teardowns_forced.add(1)

@@ -222,7 +222,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         cancellation.answer(outcome)
         self._lifecycle.end(cancellation)
         if active is not None:  # After the answers, so that it does not delay them.
-            keep(self._tear_down(active, task.id))
+            _tear_down(active, task.id)
 
     async def _cancel(
         self,
@@ -282,7 +282,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             call_context=context, task_id=task.id, context_id=task.context_id, task=task
         )
         await cancellation.carry_out(request_context, _sdk.agent_queue(active))
-        recorded = await _sdk.wait_finished(active, cancellation.deadline + MARGIN)
+        recorded = await _sdk.wait_finished(active, cancellation.settle_by())
         result = await self._read(task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
@@ -290,17 +290,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             await _sdk.force_close(active, MARGIN)
             return await self._write_canceled(task.id, context)
         return result
-
-    async def _tear_down(self, active: Any, task_id: str) -> None:
-        """Let the run close itself; force it closed if it does not in time."""
-        # Up to a2a-sdk 1.2.2 no run closes itself (see _sdk.RUNS_CLOSE_THEMSELVES): the margin
-        # is only a courtesy there. Later, a run gets long enough to close on a loop busy with
-        # thousands of cancels; only one held by an execute() that swallows the cancel needs it.
-        settle_by = deadline_in(_PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else MARGIN)
-        if not await _sdk.run_closed(active, settle_by):
-            logger.debug("run of task %s did not close in time; it is force-closed", task_id)
-            _telemetry.teardown_forced(task_id)
-            await _sdk.force_close(active, MARGIN)
 
     @_telemetry.traced_as_sdk
     async def on_message_send(  # type: ignore[override]
@@ -384,6 +373,22 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # method checks every message it gets, and twice would cost on every message.
             _sdk.check_required_fields(params)
             raise _ended(params)
+
+
+def _tear_down(active: Any, task_id: str) -> None:
+    """Let the run close itself; force it closed if it does not in time."""
+    # Up to a2a-sdk 1.2.2 no run closes itself (see _sdk.RUNS_CLOSE_THEMSELVES): the margin
+    # is only a courtesy there. Later, a run gets long enough to close on a loop busy with
+    # thousands of cancels; only one held by an execute() that swallows the cancel needs it.
+    settle_by = deadline_in(_PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else MARGIN)
+    span = _telemetry.current_span()  # The cancel's: the forced close is recorded under it.
+
+    def stuck() -> None:
+        logger.debug("run of task %s did not close in time; it is force-closed", task_id)
+        _telemetry.teardown_forced(task_id, span)
+        keep(_sdk.force_close(active, MARGIN))
+
+    _sdk.unless_closed_by(active, settle_by, stuck)
 
 
 async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:

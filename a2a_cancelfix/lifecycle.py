@@ -20,7 +20,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _telemetry
-from a2a_cancelfix._aio import deadline_in, wait_set
+from a2a_cancelfix._aio import Once, deadline_in, deadlines
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Run
 
@@ -77,7 +77,7 @@ class Work:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.runner: asyncio.Task[Any] | None = None
-        self.ended = asyncio.Event()
+        self.ended = Once()
         self.settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
         self.interrupted = False
         self.abandoned = False
@@ -97,7 +97,7 @@ class Work:
         finally:
             if self.interrupted:
                 _uncancel(self.runner)  # Our interrupt is handled; the SDK's task runs on.
-            self.ended.set()
+            self.ended.give()
 
     def start_apart(self, work: Coroutine[Any, Any, None]) -> None:
         self.runner = asyncio.ensure_future(work)
@@ -125,13 +125,13 @@ class Work:
 
         All by ``deadline``; past it, the work is abandoned: nothing it enqueues goes in.
         """
-        if self.ended.is_set() or self.abandoned or self.runner is None:
+        if self.ended.given or self.abandoned or self.runner is None:
             return
         if self.run.shielded:
             await self.run.wait_unshielded(deadline)
-        if not self.ended.is_set() and not self.run.unwinding:
+        if not self.ended.given and not self.run.unwinding:
             self._interrupt()
-        if not await wait_set(self.ended, deadline):
+        if not await self.ended.wait(deadline):
             self.abandoned = True
             self._settle()
             logger.warning(
@@ -148,7 +148,7 @@ class Work:
             self.runner.cancel()
 
     def _on_ended(self, _: object) -> None:
-        self.ended.set()
+        self.ended.give()
         self._settle()
 
     def _settle(self) -> None:
@@ -192,14 +192,23 @@ class Cancellation:
         # task ends, even if cancel() raises here.
         self.recorded = False
         self.callers: list[asyncio.Future[Task]] = []
-        self.done = asyncio.Event()  # Published, or given up on: execute() may return.
+        self.done = Once()  # Published, or given up on: execute() may return.
         self._call: asyncio.Future[None] | None = None
-        self._returned = asyncio.Event()
+        self._returned = Once()
 
     @property
     def late(self) -> bool:
         """Whether the deadline has passed."""
         return asyncio.get_running_loop().time() >= self.deadline
+
+    def settle_by(self) -> float:
+        """When the SDK must have taken the terminal state, asked as the work has stopped.
+
+        ``MARGIN`` from now, never before the deadline's: on a loop busy with thousands of
+        cancels the work may stop past the deadline, and only a run stuck for ``MARGIN``
+        after that is forced.
+        """
+        return max(self.deadline, asyncio.get_running_loop().time()) + MARGIN
 
     def join(self) -> asyncio.Future[Task]:
         """A future for one more caller's answer."""
@@ -220,7 +229,7 @@ class Cancellation:
 
     async def published(self) -> None:
         """Wait until the terminal state is in the run's queue, or the cancel gave up."""
-        await wait_set(self.done, self.deadline + MARGIN)
+        await self.done.wait(self.settle_by())
 
     def signal(self, queue: EventQueue) -> None:
         """Drop the run's moot backlog, fire its callbacks, make its checkpoints raise (step 2).
@@ -261,15 +270,16 @@ class Cancellation:
                 _telemetry.step(self.span, "work_stopped", abandoned=self.work.abandoned)
         self._reach(Step.STOPPED)
         await self._publish(publisher)
-        self.done.set()
+        self.done.give()
 
     async def _call_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
         if self._call is None:
             self._reach(Step.CALLING)
             self._call = asyncio.ensure_future(self._run_cancel(context, queue))
-            timer = asyncio.get_running_loop().call_at(self.deadline, self._cut_off)
-            self._call.add_done_callback(lambda _: timer.cancel())
-        await wait_set(self._returned, self.deadline)
+            timers = deadlines()
+            cut_off = timers.at(self.deadline, self._cut_off)
+            self._call.add_done_callback(lambda _: timers.drop(cut_off))
+        await self._returned.wait(self.deadline)
 
     async def _run_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
         try:
@@ -285,7 +295,7 @@ class Cancellation:
                 exc_info=error,
             )
         finally:
-            self._returned.set()
+            self._returned.give()
 
     def _cut_off(self) -> None:
         if self._call is not None and not self._call.done():
@@ -363,7 +373,7 @@ class Lifecycle:
 
     def end(self, cancellation: Cancellation) -> None:
         """Forget a cancel, done or given up on; a run still waiting for it stops waiting."""
-        cancellation.done.set()
+        cancellation.done.give()
         cancellation._reach(Step.TORN_DOWN)
         if self.cancellations.get(cancellation.task_id) is cancellation:
             del self.cancellations[cancellation.task_id]
