@@ -13,7 +13,7 @@ import importlib.metadata
 import inspect
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,15 +71,27 @@ except ImportError:  # pragma: no cover - a future release
         return None
 
 
-def validate_streaming(method: Any) -> Any:
+async def _a_coroutine(*_: Any) -> None:
+    return None
+
+
+async def _a_stream(*_: Any) -> AsyncGenerator[None, None]:
+    yield None
+
+
+# The code every validate_request_params wrapper shares, a coroutine's or a stream's.
+_PARAMS_CHECKS = {validate_request_params(f).__code__ for f in (_a_coroutine, _a_stream)}
+
+# The SDK's refusal of a stream, its message and its log line, as its stream methods have it.
+_refuse_streaming = (
+    None if _validate is None else _validate(lambda _: False, "Streaming is not supported by the agent")(lambda _: None)
+)
+
+
+def check_streaming(handler: DefaultRequestHandlerV2) -> None:
     """Refuse a stream when the agent card says the agent does not stream, as the SDK does."""
-    if _validate is None:  # pragma: no cover - a future release
-        return method
-    # The SDK's own check and message on its stream methods: 1.0.0-1.3.0.
-    return _validate(
-        lambda self: self._agent_card.capabilities.streaming,
-        "Streaming is not supported by the agent",
-    )(method)
+    if _refuse_streaming is not None and not handler._agent_card.capabilities.streaming:  # 1.0.0-1.3.0
+        _refuse_streaming(handler)
 
 
 def untraced(method: Any) -> Any:
@@ -94,6 +106,18 @@ def untraced(method: Any) -> Any:
     if inner is not None and method.__code__.co_filename == _telemetry_module.__file__:
         return inner
     return method  # pragma: no cover - a future release that traces otherwise
+
+
+def unchecked(method: Any) -> Any:
+    """The SDK handler's ``method`` without its ``validate_request_params`` wrapper.
+
+    Our override checks the request itself, first (``check_required_fields``): checked again
+    inside, every message would pay twice; a layer fewer is also a frame fewer per resume.
+    """
+    inner = getattr(method, "__wrapped__", None)
+    if inner is not None and method.__code__ in _PARAMS_CHECKS:
+        return inner
+    return method  # pragma: no cover - a future release that validates otherwise: twice, then
 
 
 # The SDK's state sets; both are module constants of active_task.py in 1.0.0-1.3.0.

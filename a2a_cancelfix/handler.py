@@ -44,10 +44,11 @@ logger = logging.getLogger("a2a_cancelfix")
 # How long, after the answer, a run that can close itself gets to do so before it is forced.
 _PATIENCE = 30.0
 
-# The SDK's methods without their spans: our overrides carry them.
+# The SDK's methods without their spans: our overrides carry them. A message's request is
+# checked by our overrides, first: the SDK's own check is left out.
 _sdk_cancel = _sdk.untraced(DefaultRequestHandlerV2.on_cancel_task)
-_sdk_send = _sdk.untraced(DefaultRequestHandlerV2.on_message_send)
-_sdk_stream = _sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream)
+_sdk_send = _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send))
+_sdk_stream = _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream))
 _sdk_subscribe = _sdk.untraced(DefaultRequestHandlerV2.on_subscribe_to_task)
 
 
@@ -296,21 +297,27 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
         """Send a message, as the SDK does; a task that ended or is being canceled refuses it."""
-        self._replicas.listen()
-        await self._refuse_if_ended(params, context)
+        _sdk.check_required_fields(params)
+        if self._replicas.must_listen:
+            self._replicas.listen()
+        if params.message.task_id:
+            await self._refuse_if_ended(params, context)
         try:
             return await _sdk_send(self, params, context)
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
 
     @_telemetry.traced_as_sdk
-    @_sdk.validate_streaming
     async def on_message_send_stream(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
-        self._replicas.listen()
-        await self._refuse_if_ended(params, context)
+        _sdk.check_required_fields(params)
+        _sdk.check_streaming(self)
+        if self._replicas.must_listen:
+            self._replicas.listen()
+        if params.message.task_id:
+            await self._refuse_if_ended(params, context)
         events = _sdk_stream(self, params, context)
         drained = False
         try:
@@ -336,7 +343,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
 
     @_telemetry.traced_as_sdk
     @_sdk.validate_request_params
-    @_sdk.validate_streaming
     async def on_subscribe_to_task(  # type: ignore[override]
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
@@ -345,6 +351,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         A terminal task has nothing more to stream: ``UnsupportedOperationError``, as the SDK
         says from 1.2.0, checked before the SDK would set up (and leak) a run for it.
         """
+        _sdk.check_streaming(self)
         task = await self._read(params.id, context)
         if task is None:
             raise TaskNotFoundError
@@ -363,15 +370,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         Read first, as the caller: a task that is not the caller's is none of its business.
         """
         task_id = params.message.task_id
-        if not task_id:
-            return
         task = await self._read(task_id, context)
         if task is None:
             return  # The SDK answers TaskNotFoundError its own way.
         if task_id in self._lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
-            # Invalid params come first, as the SDK says. Checked only here: the SDK's own
-            # method checks every message it gets, and twice would cost on every message.
-            _sdk.check_required_fields(params)
             raise _ended(params)
 
 

@@ -61,6 +61,8 @@ class RemoteCancels:
             lifecycle.on_parked = self._look_at_parked_soon
         self._parked_looks: asyncio.TimerHandle | None = None
         self._listener: asyncio.Future[None] | None = None
+        # Whether `listen` has something to start: read for every message, a call is not.
+        self.must_listen = self.notices is not None
 
     def noticed(self, task_id: str) -> None:
         """Another replica may have ended ``task_id``: its run or parked task here looks now."""
@@ -77,10 +79,12 @@ class RemoteCancels:
         """Hear the store's notices from the first message on, for as long as the loop runs."""
         if self._listener is None and self.notices is not None:
             self._listener = keep(keep_listening(self.notices, self.noticed, self._heard, self._unheard))
+            self.must_listen = False
 
     async def aclose(self) -> None:
         """Stop hearing notices."""
         listener, self._listener = self._listener, None
+        self.must_listen = self.notices is not None
         if listener is not None:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
