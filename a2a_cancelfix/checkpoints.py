@@ -138,13 +138,10 @@ _current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
 )
 
 
-def enter_run(run: Run) -> contextvars.Token[Run | None]:
-    """Bind ``run`` to the current context (the task running the work)."""
-    return _current_run.set(run)
-
-
-def leave_run(token: contextvars.Token[Run | None]) -> None:
-    _current_run.reset(token)
+# Bind a run to the current context (the task running the work), and unbind it: the context
+# variable's own methods, as a run's start and end would pay a call of ours.
+enter_run = _current_run.set
+leave_run = _current_run.reset
 
 
 class _Ready:

@@ -11,7 +11,8 @@ runs in the SDK's own task.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+import functools
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -21,7 +22,7 @@ from a2a.types import Task
 from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, keep
 from a2a_cancelfix._sdk import CANCELED, terminal_state
-from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
+from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     Lifecycle,
@@ -86,11 +87,15 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             return  # The task ended before this request's run began.
         if lifecycle.parked:
             lifecycle.parked.pop(task_id, None)  # Running again: the run looks for itself.
-        watch = self._self_watcher(context, event_queue) if lifecycle.read_stored else None
-        work = Work(Run(task_id, watch, lifecycle.poll_interval))
-        lifecycle.works[task_id] = work
-        body = self._self_work(work.run, context, _RunQueue(event_queue, work.run))
+        watch = None if lifecycle.read_stored is None else functools.partial(self._self_look, context, event_queue)
+        run = Run(task_id, watch, lifecycle.poll_interval)
+        work = lifecycle.works[task_id] = Work(run)
+        queue, probe = _RunQueue(event_queue, run), lifecycle.probe
         try:
+            if probe is None:
+                body = self.__wrapped__.execute(context, queue)
+            else:
+                body = probe.drive(self.__wrapped__.execute, context, queue, run)
             if lifecycle.inline:
                 await work.run_inline(body)
             else:
@@ -147,22 +152,17 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         if cancellation.failure is not None:  # FAILED is published; the SDK answers with it.
             raise cancellation.failure
 
-    def _self_watcher(
-        self, context: RequestContext, event_queue: EventQueue
-    ) -> Callable[[], Awaitable[None]]:
-        lifecycle = self._self_lifecycle
-
-        async def watch() -> None:
-            assert lifecycle.read_stored is not None
-            try:
-                stored = await lifecycle.read_stored(context)
-            except Exception:  # A store hiccup must not fail the run; the next look retries.
-                logger.warning("could not read task %s to look for a remote cancel", context.task_id, exc_info=True)
-                return
-            if stored is not None and stored.status.state == CANCELED:
-                self._self_cancel_here(context, event_queue, stored)
-
-        return watch
+    async def _self_look(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """A run's watch: read the task, and carry out here a cancel another replica stored."""
+        read_stored = self._self_lifecycle.read_stored
+        assert read_stored is not None
+        try:
+            stored = await read_stored(context)
+        except Exception:  # A store hiccup must not fail the run; the next look retries.
+            logger.warning("could not read task %s to look for a remote cancel", context.task_id, exc_info=True)
+            return
+        if stored is not None and stored.status.state == CANCELED:
+            self._self_cancel_here(context, event_queue, stored)
 
     def _self_cancel_here(self, context: RequestContext, event_queue: EventQueue, stored: Task) -> None:
         """Cancel this replica's run of a task that another replica cancelled in the store."""
@@ -183,17 +183,6 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
                 _telemetry.end(cancellation.span)
 
         keep(carry_out())
-
-    async def _self_work(self, run: Run, context: RequestContext, queue: EventQueue) -> None:
-        token = enter_run(run)
-        try:
-            probe = self._self_lifecycle.probe
-            if probe is None:
-                await self.__wrapped__.execute(context, queue)
-            else:
-                await probe.drive(self.__wrapped__.execute, context, queue, run)
-        finally:
-            leave_run(token)
 
 
 class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]

@@ -22,7 +22,7 @@ from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import Once, deadline_in, deadlines
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
-from a2a_cancelfix.checkpoints import Run
+from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
@@ -83,8 +83,9 @@ class Work:
         self.abandoned = False
 
     async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run the work in this task; a cancel of the task ends it normally."""
+        """Run the work in this task, inside the run's scope; a cancel of the task ends it normally."""
         self.runner = asyncio.current_task()
+        token = enter_run(self.run)
         try:
             await work
         except asyncio.CancelledError:
@@ -95,12 +96,18 @@ class Work:
                 raise
             logger.debug("execute() of cancelled task %s raised", self.run.task_id, exc_info=error)
         finally:
+            leave_run(token)  # Before anything else runs in this task: it is not the work.
             if self.interrupted:
                 _uncancel(self.runner)  # Our interrupt is handled; the SDK's task runs on.
             self.ended.give()
 
     def start_apart(self, work: Coroutine[Any, Any, None]) -> None:
-        self.runner = asyncio.ensure_future(work)
+        """Run the work in a task of its own, inside the run's scope (the task's copy of it)."""
+        token = enter_run(self.run)
+        try:
+            self.runner = asyncio.ensure_future(work)
+        finally:
+            leave_run(token)
         # A plain future for execute() to await: its cancellation (the SDK tearing the run
         # down) cancels this, never the work.
         self.settled = asyncio.get_running_loop().create_future()
