@@ -407,14 +407,15 @@ def _uncancel(task: asyncio.Task[Any]) -> None:
 
 
 # The run queues that have carried a terminal state, so no later event (from a late run, or
-# from a cancel) follows it. Weak: an entry lives as long as the SDK's queue.
-_ended: weakref.WeakSet[Any] = weakref.WeakSet()
+# from a cancel) follows it: weak references, each discarded with its queue. Not a WeakSet,
+# whose lookup is a Python call: every event looks here.
+_ended: set[weakref.ref[Any]] = set()
 
 
 def has_ended(queue: Any, context: RequestContext) -> bool:
     """Whether the run's queue carried a terminal state, or the task was stored terminal."""
     task = context.current_task
-    return queue in _ended or (task is not None and task.status.state in TERMINAL_STATES)
+    return weakref.ref(queue) in _ended or (task is not None and task.status.state in TERMINAL_STATES)
 
 
 def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
@@ -422,11 +423,11 @@ def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
 
     Not a coroutine that enqueues too: it runs for every event, and a frame fewer counts.
     """
-    if queue in _ended:
+    if weakref.ref(queue) in _ended:
         logger.debug("Dropped %s after task %s ended", type(event).__name__, task_id)
         return False
     if terminal:
-        _ended.add(queue)
+        _ended.add(weakref.ref(queue, _ended.discard))
     return True
 
 
@@ -453,7 +454,7 @@ class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
     async def publish(self, state: int) -> bool:
         """Publish the framework's terminal ``state``, unless the run already ended."""
         context = self._self_context
-        if self.__wrapped__ in _ended or context.current_task is None:
+        if weakref.ref(self.__wrapped__) in _ended or context.current_task is None:
             return False  # Already ended, or no task stored yet that a status could update.
         status = TaskStatus(state=state)
         status.timestamp.GetCurrentTime()
