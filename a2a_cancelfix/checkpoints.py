@@ -14,6 +14,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any, ParamSpec, TypeVar, overload
@@ -71,7 +72,8 @@ class Run:
         self._unshielded: asyncio.Event | None = None  # Made by the first shielded section.
         self._watch = watch
         self._interval = interval
-        self._next_watch = time.monotonic() + interval
+        # When a look is next due (time.monotonic()); never without a watch, nor once cancelled.
+        self.next_look = math.inf if watch is None else time.monotonic() + interval
 
     @property
     def shielded(self) -> bool:
@@ -82,6 +84,7 @@ class Run:
         if self.cancelled:
             return
         self.reason, self.requested_at, self.cancelled = reason, time.time(), True
+        self.next_look = math.inf
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             _call_safely(callback, self.task_id)
@@ -105,15 +108,14 @@ class Run:
 
     def poll_every(self, interval: float) -> None:
         """From now on, poll at most once per ``interval`` (``math.inf``: cancels are pushed)."""
-        self._interval, self._next_watch = interval, time.monotonic() + interval
-
-    def watch_due(self) -> bool:
-        return self._watch is not None and not self.cancelled and time.monotonic() >= self._next_watch
+        self._interval = interval
+        if self._watch is not None and not self.cancelled:
+            self.next_look = time.monotonic() + interval
 
     async def look(self) -> None:
         """Look for a cancel recorded elsewhere now (``watch`` cancels the run if it finds one)."""
         if self._watch is not None and not self.cancelled:
-            self._next_watch = time.monotonic() + self._interval
+            self.next_look = time.monotonic() + self._interval
             await self._watch()
 
     async def watch(self) -> None:
@@ -185,7 +187,7 @@ def checkpoint() -> Awaitable[None]:
     if run is None:
         return _READY
     run.raise_if_cancelled()
-    return _Watch(run) if run.watch_due() else _READY
+    return _READY if time.monotonic() < run.next_look else _Watch(run)
 
 
 def cancel_requested() -> bool:

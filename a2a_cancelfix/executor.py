@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -195,7 +196,7 @@ class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
     async def enqueue_event(self, event: Any) -> None:
         run = self._self_run
         terminal = terminal_state(event) is not None
-        if not run.cancelled and (terminal or run.watch_due()):
+        if not run.cancelled and (terminal or time.monotonic() >= run.next_look):
             # Before ending the task above all: another replica may have cancelled it.
             await run.look()
         if run.cancelled:

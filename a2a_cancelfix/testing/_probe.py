@@ -115,7 +115,7 @@ class Probe:
         _note_user(getattr(execute, "__self__", None))
         run._watch = _watching(self, run._watch)  # Every checkpoint is a point: look at each.
         run._interval = 0.0
-        run._next_watch = 0.0
+        run.next_look = 0.0
         raise_if_cancelled = run.raise_if_cancelled
 
         def raising() -> None:
