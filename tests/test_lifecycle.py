@@ -11,17 +11,27 @@ import time
 
 import pytest
 import wrapt
+from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
     CancelTaskRequest,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
     TaskState,
 )
-from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
+from a2a.utils.errors import InvalidParamsError, TaskNotFoundError, UnsupportedOperationError
 
-from a2a_cancelfix import CancellableExecutor, FinalStateTaskStore, _sdk, cancellable, on_cancel
+from a2a_cancelfix import (
+    CancellableExecutor,
+    DefaultRequestHandler,
+    FinalStateTaskStore,
+    _sdk,
+    cancellable,
+    on_cancel,
+)
 from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.testing import (
     GRACE,
@@ -102,6 +112,26 @@ async def test_requests_are_validated_as_the_sdk_does(kind: str) -> None:
         await within(server.handler.on_cancel_task(CancelTaskRequest(id=""), caller()))
     with pytest.raises(InvalidParamsError):
         await within(_first(server.handler.on_subscribe_to_task(SubscribeToTaskRequest(id=""), caller())))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_messages_are_validated_as_the_sdk_does(kind: str) -> None:
+    """A message without one is invalid params, sent or streamed; a stream the card refuses is
+    unsupported, with the SDK's message. Ours checks them itself, once: the SDK's check is left out."""
+    server = make_server(kind, ScriptedExecutor())
+    with pytest.raises(InvalidParamsError):
+        await within(server.handler.on_message_send(SendMessageRequest(), caller()))
+    with pytest.raises(InvalidParamsError):
+        await within(_first(server.handler.on_message_send_stream(SendMessageRequest(), caller())))
+    kind_of = DefaultRequestHandler if kind == "ours" else DefaultRequestHandlerV2
+    card = AgentCard(name="quiet", capabilities=AgentCapabilities(streaming=False))
+    handler = kind_of(agent_executor=ScriptedExecutor(), task_store=InMemoryTaskStore(), agent_card=card)
+    with pytest.raises(UnsupportedOperationError, match="Streaming is not supported by the agent"):
+        await within(_first(handler.on_message_send_stream(SendMessageRequest(message=message()), caller())))
+    for method in (DefaultRequestHandlerV2.on_message_send, DefaultRequestHandlerV2.on_message_send_stream):
+        untraced = _sdk.untraced(method)
+        assert _sdk.unchecked(untraced) is untraced.__wrapped__
 
 
 async def _first(events):
