@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import warnings
@@ -34,6 +35,7 @@ from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     FAILED,
     MARGIN,
+    PATIENCE,
     Cancellation,
     seconds,
 )
@@ -42,7 +44,7 @@ from a2a_cancelfix.replicas import RemoteCancels
 logger = logging.getLogger("a2a_cancelfix")
 
 # How long, after the answer, a run that can close itself gets to do so before it is forced.
-_PATIENCE = 30.0
+_PATIENCE = PATIENCE
 
 # The SDK's methods without their spans: our overrides carry them.
 _sdk_cancel = _sdk.untraced(DefaultRequestHandlerV2.on_cancel_task)
@@ -282,7 +284,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             call_context=context, task_id=task.id, context_id=task.context_id, task=task
         )
         await cancellation.carry_out(request_context, _sdk.agent_queue(active))
-        recorded = await _sdk.wait_finished(active, cancellation.settle_by())
+        recorded = await cancellation.settled(functools.partial(_sdk.wait_finished, active))
         result = await self._read(task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
