@@ -35,7 +35,6 @@ from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     FAILED,
     MARGIN,
-    PATIENCE,
     Cancellation,
     seconds,
 )
@@ -44,7 +43,7 @@ from a2a_cancelfix.replicas import RemoteCancels
 logger = logging.getLogger("a2a_cancelfix")
 
 # How long, after the answer, a run that can close itself gets to do so before it is forced.
-_PATIENCE = PATIENCE
+_PATIENCE = 30.0
 
 # The SDK's methods without their spans: our overrides carry them.
 _sdk_cancel = _sdk.untraced(DefaultRequestHandlerV2.on_cancel_task)

@@ -34,9 +34,8 @@ DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_POLL_INTERVAL = 1.0
 # Time past a cancel's deadline for the SDK to record its terminal state and close the run.
 MARGIN = 1.0
-# How long, after the answer, a run that can close itself gets to do so before it is forced;
-# and how far a loop's own lateness may stretch the margin.
-PATIENCE = 30.0
+# How far a loop's own lateness may stretch the margin (see Cancellation.settled).
+LATENESS_LIMIT = 30.0
 FAILED = TaskState.TASK_STATE_FAILED
 
 
@@ -214,7 +213,7 @@ class Cancellation:
         the loop's time is forced.
         """
         settle_by = max(self.deadline, asyncio.get_running_loop().time()) + MARGIN
-        return await wait_patiently(wait, settle_by, settle_by + PATIENCE)
+        return await wait_patiently(wait, settle_by, settle_by + LATENESS_LIMIT)
 
     def join(self) -> asyncio.Future[Task]:
         """A future for one more caller's answer."""
