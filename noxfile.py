@@ -17,4 +17,5 @@ def tests(session: nox.Session, sdk: str) -> None:
     extras = "[http-server,grpc,sqlite,postgresql,telemetry]"
     requirement = f"a2a-sdk{extras}>=1,<2" if sdk == "newest" else f"a2a-sdk{extras}=={sdk}"
     session.install("-e", ".[test]", requirement)
-    session.run("pytest", *session.posargs)
+    # Two workers: much of the suite waits (server processes starting, databases, timers).
+    session.run("pytest", "--numprocesses=2", *session.posargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import warnings
@@ -283,7 +284,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             call_context=context, task_id=task.id, context_id=task.context_id, task=task
         )
         await cancellation.carry_out(request_context, _sdk.agent_queue(active))
-        recorded = await _sdk.wait_finished(active, cancellation.settle_by())
+        recorded = await cancellation.settled(functools.partial(_sdk.wait_finished, active))
         result = await self._read(task.id, context)
         if not recorded or result is None or result.status.state not in _sdk.TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)

@@ -20,7 +20,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _telemetry
-from a2a_cancelfix._aio import Once, deadline_in, deadlines
+from a2a_cancelfix._aio import Once, deadline_in, deadlines, wait_patiently
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
 
@@ -34,6 +34,8 @@ DEFAULT_GRACE_PERIOD = 5.0
 DEFAULT_POLL_INTERVAL = 1.0
 # Time past a cancel's deadline for the SDK to record its terminal state and close the run.
 MARGIN = 1.0
+# How far a loop's own lateness may stretch the margin (see Cancellation.settled).
+LATENESS_LIMIT = 30.0
 FAILED = TaskState.TASK_STATE_FAILED
 
 
@@ -208,14 +210,17 @@ class Cancellation:
         """Whether the deadline has passed."""
         return asyncio.get_running_loop().time() >= self.deadline
 
-    def settle_by(self) -> float:
-        """When the SDK must have taken the terminal state, asked as the work has stopped.
+    async def settled(self, wait: Callable[[float], Awaitable[bool]]) -> bool:
+        """``wait`` for the SDK's part, asked as the work has stopped; whether it came in time.
 
-        ``MARGIN`` from now, never before the deadline's: on a loop busy with thousands of
-        cancels the work may stop past the deadline, and only a run stuck for ``MARGIN``
-        after that is forced.
+        In time is ``MARGIN`` from now, never before the deadline's, and in the loop's own
+        time: on a loop busy with thousands of cancels, the work stops past the deadline and
+        every step after it runs late, and a margin that ran out while the loop was late is
+        extended by the lateness (see `wait_patiently`). Only a run stuck for ``MARGIN`` of
+        the loop's time is forced.
         """
-        return max(self.deadline, asyncio.get_running_loop().time()) + MARGIN
+        settle_by = max(self.deadline, asyncio.get_running_loop().time()) + MARGIN
+        return await wait_patiently(wait, settle_by, settle_by + LATENESS_LIMIT)
 
     def join(self) -> asyncio.Future[Task]:
         """A future for one more caller's answer."""
@@ -236,7 +241,7 @@ class Cancellation:
 
     async def published(self) -> None:
         """Wait until the terminal state is in the run's queue, or the cancel gave up."""
-        await self.done.wait(self.settle_by())
+        await self.settled(self.done.wait)
 
     def signal(self, queue: EventQueue) -> None:
         """Drop the run's moot backlog, fire its callbacks, make its checkpoints raise (step 2).

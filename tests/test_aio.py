@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from a2a_cancelfix._aio import Once, deadline_in, deadlines, wait_done
+from a2a_cancelfix._aio import Once, deadline_in, deadlines, wait_done, wait_patiently
 from a2a_cancelfix.testing import within
 
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="none")
@@ -107,3 +107,34 @@ async def test_wait_done_ends_with_the_future_or_at_the_deadline() -> None:
     asyncio.get_running_loop().call_soon(future.set_result, None)
     assert await within(wait_done(future, deadline_in(60))) is True
     assert await wait_done(None, deadline_in(-1)) is True
+
+
+@pytest.mark.parametrize(
+    ("lateness", "outcome", "waits"),
+    [
+        ((0.01,), False, 1),  # On time: the deadline meant what it said.
+        ((0.5, 0.3, 0.0), True, 3),  # Late twice: extended by each lateness, then done.
+        ((5.0, 5.0, 5.0), False, 2),  # Late without end: the limit holds.
+    ],
+)
+@pytest.mark.asyncio
+async def test_a_wait_is_patient_only_where_the_loop_ran_late(
+    monkeypatch: pytest.MonkeyPatch, lateness: tuple[float, ...], outcome: bool, waits: int
+) -> None:
+    """A deadline that passed while the loop was late by ``LATE`` or more is extended by
+    that lateness, up to the limit; one that passed on time ends the wait."""
+    clock = [100.0]
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: clock[0])
+    asked: list[float] = []
+
+    async def wait(deadline: float) -> bool:  # Times out, the loop ``late`` past the deadline.
+        late = lateness[len(asked)]
+        asked.append(deadline)
+        clock[0] = deadline + late
+        return late == 0.0
+
+    assert await wait_patiently(wait, 101.0, 110.0) is outcome
+    assert len(asked) == waits
+    assert asked[0] == 101.0
+    for before, after, late in zip(asked, asked[1:], lateness):
+        assert after == pytest.approx(min(before + 2 * late, 110.0))

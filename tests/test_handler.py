@@ -351,3 +351,42 @@ async def test_internal_queue_errors_become_a2a_errors(monkeypatch) -> None:
 async def _read_to_end(events) -> None:
     async for _ in events:
         pass
+
+
+@pytest.mark.asyncio
+async def test_a_loop_running_late_does_not_force_a_run_the_sdk_is_recording(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK's margin to record CANCELED counts the loop's time: a loop held up past it (as
+    by thousands of cancels at once) must not make the cancel write CANCELED around the run
+    and force it closed, which would take the event from the streams waiting for it."""
+    monkeypatch.setattr(lifecycle_module, "MARGIN", 0.05)
+    server = make_server("ours", ScriptedExecutor())
+    stream = await start(server)
+    loop, saving = asyncio.get_running_loop(), Gate()
+    save, publish = server.store.save, lifecycle_module._CancelQueue.publish
+
+    async def held_save(task, *args, **kwargs):  # The SDK's save of CANCELED waits for the hold.
+        if task.status.state == _sdk.CANCELED:
+            await saving()
+        return await save(task, *args, **kwargs)
+
+    def hold_the_loop() -> None:  # One long callback: the loop is late for everything after it.
+        import time
+
+        time.sleep(GRACE + 0.5)
+        # The save goes on after the overdue timers have run, as it would behind a busy loop.
+        loop.call_later(0.01, saving.open)
+
+    async def publish_then_hold(self, state):
+        published = await publish(self, state)
+        loop.call_soon(hold_the_loop)
+        return published
+
+    monkeypatch.setattr(server.store, "save", held_save)
+    monkeypatch.setattr(lifecycle_module._CancelQueue, "publish", publish_then_hold)
+    with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+        assert await within(cancel(server, server.executor.task_id or "")) == "CANCELED"
+    assert saving.reached.is_set()
+    assert await within(stream.ended()) and stream.last == "CANCELED"
+    assert not [r for r in caplog.records if "did not record a terminal state" in r.getMessage()]

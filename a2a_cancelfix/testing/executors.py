@@ -125,10 +125,14 @@ class FleetExecutor(AgentExecutor):
     """Many tasks at once: a message saying "park" asks for input, any other works until released.
 
     For mass cancels (``start_fleet`` starts them): this package's own test and benchmark.
+
+    Args:
+        publishes: ``cancel()`` publishes CANCELED itself; by default it is empty.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, publishes: bool = False) -> None:
         self.released = asyncio.Event()
+        self.publishes = publishes
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task_id, context_id = context.task_id or "", context.context_id or ""
@@ -143,7 +147,8 @@ class FleetExecutor(AgentExecutor):
         await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        return None
+        if self.publishes:
+            await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
 
 
 def _io(seconds: float) -> None:
