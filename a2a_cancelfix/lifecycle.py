@@ -204,6 +204,7 @@ class Cancellation:
         self.done = Once()  # Published, or given up on: execute() may return.
         self._call: asyncio.Future[None] | None = None
         self._returned = Once()
+        self._settle_by: float | None = None  # Fixed by the first wait for the SDK's part.
 
     @property
     def late(self) -> bool:
@@ -217,10 +218,12 @@ class Cancellation:
         time: on a loop busy with thousands of cancels, the work stops past the deadline and
         every step after it runs late, and a margin that ran out while the loop was late is
         extended by the lateness (see `wait_patiently`). Only a run stuck for ``MARGIN`` of
-        the loop's time is forced.
+        the loop's time is forced. Fixed by the first call: a cancel resumed after its first
+        caller left waits until the same time, not a margin more.
         """
-        settle_by = max(self.deadline, asyncio.get_running_loop().time()) + MARGIN
-        return await wait_patiently(wait, settle_by, settle_by + LATENESS_LIMIT)
+        if self._settle_by is None:
+            self._settle_by = max(self.deadline, asyncio.get_running_loop().time()) + MARGIN
+        return await wait_patiently(wait, self._settle_by, self._settle_by + LATENESS_LIMIT)
 
     def join(self) -> asyncio.Future[Task]:
         """A future for one more caller's answer."""

@@ -32,7 +32,7 @@ from a2a_cancelfix import (
     cancellable,
     on_cancel,
 )
-from a2a_cancelfix.lifecycle import MARGIN
+from a2a_cancelfix.lifecycle import MARGIN, Lifecycle
 from a2a_cancelfix.testing import (
     GRACE,
     Gate,
@@ -177,6 +177,26 @@ async def test_the_deadline_is_fixed_by_the_first_request() -> None:
     assert await within(joined, GRACE + SLACK) == "CANCELED"
     assert cancellation.deadline == deadline
     assert loop.time() < deadline + MARGIN
+
+
+@pytest.mark.asyncio
+async def test_the_sdks_margin_is_fixed_by_the_first_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel resumed after its first caller left waits for the SDK until the same time:
+    the margin counts once, from when the work first stopped, not again from each wait."""
+    clock = [100.0]
+    monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: clock[0])
+    cancellation = Lifecycle(ScriptedExecutor(), grace_period=1.0).begin("task")  # Deadline 101.
+    asked: list[float] = []
+
+    async def wait(deadline: float) -> bool:
+        asked.append(deadline)
+        return True
+
+    clock[0] = 102.0  # The work stopped past the deadline: the margin counts from now.
+    assert await cancellation.settled(wait) is True
+    clock[0] = 102.5  # The first caller left; the resumed drive waits again.
+    assert await cancellation.settled(wait) is True
+    assert asked == [102.0 + MARGIN, 102.0 + MARGIN]
 
 
 @pytest.mark.asyncio
