@@ -71,6 +71,7 @@ class Run:
         self._shields = 0
         self._unshielded: asyncio.Event | None = None  # Made by the first shielded section.
         self._watch = watch
+        self.watched = watch is not None  # Else nothing is ever recorded elsewhere to look for.
         self._interval = interval
         # When a look is next due (time.monotonic()); never without a watch, nor once cancelled.
         self.next_look = math.inf if watch is None else time.monotonic() + interval

@@ -196,7 +196,7 @@ class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
     async def enqueue_event(self, event: Any) -> None:
         run = self._self_run
         terminal = terminal_state(event) is not None
-        if not run.cancelled and (terminal or time.monotonic() >= run.next_look):
+        if run.watched and not run.cancelled and (terminal or time.monotonic() >= run.next_look):
             # Before ending the task above all: another replica may have cancelled it.
             await run.look()
         if run.cancelled:

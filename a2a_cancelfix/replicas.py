@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import RequestContext
+from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Task
 
 from a2a_cancelfix import _sdk
@@ -34,6 +36,13 @@ if TYPE_CHECKING:
 CancelHere = Callable[[Task, Any, "ServerCallContext"], Awaitable[None]]
 
 logger = logging.getLogger("a2a_cancelfix")
+
+# The handlers of each InMemoryTaskStore. Such a store lives in this process: while one
+# handler has it, no cancel can be recorded elsewhere and its runs never look (no read, no
+# clock, per event); once a second handler shares it, all of them look from then on.
+_sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[RemoteCancels]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class RemoteCancels:
@@ -56,13 +65,24 @@ class RemoteCancels:
             store.on_final.append(self.noticed)
         self.poll = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
-            # Runs poll until the notices are heard, and whenever they are not.
-            lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, self.poll
-            lifecycle.on_parked = self._look_at_parked_soon
+            if type(store) is InMemoryTaskStore:  # Not a subclass: it might be shared.
+                peers = _sharing.setdefault(store, weakref.WeakSet())
+                peers.add(self)
+                for peer in peers if len(peers) > 1 else ():
+                    peer._watch()
+            else:
+                self._watch()
         self._parked_looks: asyncio.TimerHandle | None = None
         self._listener: asyncio.Future[None] | None = None
         # Whether `listen` has something to start: read for every message, a call is not.
         self.must_listen = self.notices is not None
+
+    def _watch(self) -> None:
+        """Look for cancels recorded elsewhere: runs poll until notices are heard, and whenever
+        they are not; so do the parked tasks."""
+        lifecycle = self.lifecycle
+        lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, self.poll
+        lifecycle.on_parked = self._look_at_parked_soon
 
     def noticed(self, task_id: str) -> None:
         """Another replica may have ended ``task_id``: its run or parked task here looks now."""

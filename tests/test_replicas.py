@@ -59,18 +59,23 @@ class PollingExecutor(ScriptedExecutor):
         await self.progress.until(lambda: self.checkpoints >= target)
 
 
-def replicas(executor: ScriptedExecutor, **options):
+def replicas(executor: ScriptedExecutor, store=None, **options):
     """Replica A runs ``executor``; replica B shares A's store and runs nothing."""
-    store = FinalStateTaskStore(InMemoryTaskStore())
+    store = FinalStateTaskStore(InMemoryTaskStore()) if store is None else store
     a = make_server("ours", executor, store=store, **options)
     b = make_server("ours", ScriptedExecutor(), store=store, **options)
     return a, b
 
 
+@pytest.mark.parametrize("shared", [FinalStateTaskStore, InMemoryTaskStore], ids=["final-state", "bare in-memory"])
 @pytest.mark.asyncio
-async def test_a_checkpoint_notices_a_cancel_from_another_replica() -> None:
-    """The running replica's next due checkpoint raises; its cancel() runs; its stream ends CANCELED."""
-    a, b = replicas(PollingExecutor(), replica_poll_interval=0.01)
+async def test_a_checkpoint_notices_a_cancel_from_another_replica(shared) -> None:
+    """The running replica's next due checkpoint raises; its cancel() runs; its stream ends CANCELED.
+
+    Also where two handlers share a bare InMemoryTaskStore, which one handler alone never reads
+    for cancels recorded elsewhere: the second one's arrival makes both look."""
+    store = FinalStateTaskStore(InMemoryTaskStore()) if shared is FinalStateTaskStore else InMemoryTaskStore()
+    a, b = replicas(PollingExecutor(), store, replica_poll_interval=0.01)
     stream = await start(a)
     task_id = a.executor.task_id
     assert await within(cancel(b, task_id)) == "CANCELED"
@@ -180,11 +185,43 @@ async def outcome_within(call: Awaitable[str], seconds: float = 1.0) -> str:
         return "HANG"
 
 
+async def reads_of_one_run(kind: str) -> int:
+    """How often one polling run, from its first message to COMPLETED, reads a bare
+    InMemoryTaskStore that only its handler has."""
+    store = InMemoryTaskStore()
+    reads = 0
+    read = store.get
+
+    async def counted(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return await read(*args, **kwargs)
+
+    store.get = counted  # type: ignore[method-assign]
+    options = {"replica_poll_interval": 0.001} if kind == "ours" else {}
+    server = make_server(kind, PollingExecutor(), store=store, **options)
+    await start(server)
+    await server.executor.passed(CHECKPOINTS)
+    server.executor.released.set()
+    await within(server.executor.stopped.wait())
+    assert server.executor.completed.is_set()
+    return reads
+
+
+@pytest.mark.asyncio
+async def test_a_store_only_this_process_has_is_not_read_for_remote_cancels() -> None:
+    """One handler on a bare InMemoryTaskStore: no other replica can record a cancel there,
+    so a run reads the store as often under ours, polling every millisecond, as under stock."""
+    assert await reads_of_one_run("ours") == await reads_of_one_run("stock")
+
+
 @pytest.mark.asyncio
 async def test_a_parked_task_whose_run_closed_here_is_forgotten() -> None:
     """A parked run the SDK closes (a2a-sdk 1.3's idle timeout, a teardown) has nothing left
     here to tell: the replica stops looking at its task, which may stay parked for good."""
-    a = make_server("ours", ScriptedExecutor(park=True), replica_poll_interval=0.01)
+    a = make_server(
+        "ours", ScriptedExecutor(park=True), store=FinalStateTaskStore(InMemoryTaskStore()), replica_poll_interval=0.01
+    )
     await start(a)
     task_id = a.executor.task_id or ""
     parked = a.handler.agent_executor.cancel_lifecycle.parked
