@@ -253,6 +253,8 @@ def drop_backlog(queue: EventQueue) -> dict[str, int]:
     if sink is not None and not getattr(sink, "_is_closed", True):  # EventQueueSink: 1.0.0-1.3.0
         held.insert(0, sink.queue)  # the older events
     taken = [[q.get_nowait() for _ in range(q.qsize())] for q in held]
+    if not any(taken):  # The usual cancel: the consumer is waiting, nothing to sort.
+        return {}
     ended = any(terminal_state(event) is not None for events in taken for event in events)
     dropped: collections.Counter[str] = collections.Counter()
     for q, events in zip(held, taken):

@@ -11,6 +11,7 @@ import asyncio
 import enum
 import logging
 import math
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -465,7 +466,7 @@ class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
         if weakref.ref(self.__wrapped__) in _ended or context.current_task is None:
             return False  # Already ended, or no task stored yet that a status could update.
         status = TaskStatus(state=state)
-        status.timestamp.GetCurrentTime()
+        status.timestamp.FromNanoseconds(time.time_ns())  # GetCurrentTime() goes through datetime.
         event = TaskStatusUpdateEvent(
             task_id=context.task_id, context_id=context.context_id or "", status=status
         )
