@@ -47,7 +47,8 @@ class Deadlines:
     left, that timer is what holds this (see `deadlines`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self._heap: list[list[Any]] = []  # [when, order, callback or None once dropped]
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -75,11 +76,11 @@ class Deadlines:
         if self._timer is not None:
             self._timer.cancel()
         # In a context of its own: the caller's (a run's) must not live as long as the timer.
-        self._timer = asyncio.get_running_loop().call_at(when, self._fire, context=contextvars.Context())
+        self._timer = self.loop.call_at(when, self._fire, context=contextvars.Context())
 
     def _fire(self) -> None:
         self._timer = None
-        heap, now = self._heap, asyncio.get_running_loop().time()
+        heap, now = self._heap, self.loop.time()
         while heap and (heap[0][0] <= now or heap[0][2] is None):
             callback = heapq.heappop(heap)[2]
             if callback is None:
@@ -99,14 +100,22 @@ _deadlines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[Dea
 )
 
 
+# The one found last: a cancel asks five times, nearly always on the same loop.
+_recent: weakref.ref[Deadlines] | None = None
+
+
 def deadlines() -> Deadlines:
     """The running loop's `Deadlines`, made anew once the last had nothing left to time."""
+    global _recent
     loop = asyncio.get_running_loop()
-    held = _deadlines.get(loop)
-    found = None if held is None else held()
-    if found is None:
-        found = Deadlines()
-        _deadlines[loop] = weakref.ref(found)
+    found = None if _recent is None else _recent()
+    if found is None or found.loop is not loop:
+        held = _deadlines.get(loop)
+        found = None if held is None else held()
+        if found is None:
+            found = Deadlines(loop)
+            _deadlines[loop] = weakref.ref(found)
+        _recent = weakref.ref(found)
     return found
 
 

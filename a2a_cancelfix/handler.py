@@ -72,7 +72,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             enqueued events read the task store to learn of a cancel that another replica
             recorded there, and so often the tasks parked here are read for one; ``None``
             turns both off. A run also reads it before it publishes a terminal state. While
-            the store's ``notices`` are heard (see `FinalStateTaskStore`), nothing polls.
+            the store's ``notices`` are heard (see `FinalStateTaskStore`), nothing polls; on
+            a bare ``InMemoryTaskStore`` that no other handler shares, nothing is ever read.
 
     Raises:
         TypeError, ValueError: an option outside its documented values.
