@@ -98,5 +98,10 @@ def ratio(ours: float, stock: float) -> str:
     return f"{ours / stock:.3f}" if stock else "n/a"
 
 
-def quiet(*args: Any) -> None:
-    return None
+async def settle(idle: int = 1, turns: int = 10_000_000) -> None:
+    """Let the loop run until only ``idle`` tasks are left (what the runs still had to do,
+    closing down, is done), or ``turns`` have passed."""
+    for _ in range(turns):
+        if len(asyncio.all_tasks()) <= idle:
+            return
+        await asyncio.sleep(0)

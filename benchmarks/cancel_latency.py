@@ -13,7 +13,7 @@ import argparse
 import asyncio
 import json
 
-from _common import clock, header, in_processes, percentile, ratio
+from _common import clock, header, in_processes, percentile, ratio, settle
 from a2a_cancelfix.testing import GRACE, ScriptedExecutor, cancel, make_server, start
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
@@ -29,16 +29,8 @@ async def sample(kind: str, mode: str, settled: bool) -> tuple[float, str]:
     took = clock() - started
     server.executor.step.open()
     if settled:
-        await settle()
+        await settle(turns=10_000)
     return took, answer
-
-
-async def settle(turns: int = 10_000) -> None:
-    """Let the loop run until no other task is left (the run has closed), or ``turns`` have passed."""
-    for _ in range(turns):
-        if len(asyncio.all_tasks()) == 1:
-            return
-        await asyncio.sleep(0)
 
 
 async def samples(count: int, settled: bool) -> dict:
