@@ -65,11 +65,12 @@ class RemoteCancels:
             store.on_final.append(self.noticed)
         self.poll = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
-            if type(store) is InMemoryTaskStore:  # Not a subclass: it might be shared.
+            if type(store) is InMemoryTaskStore:  # Exactly the SDK's: a subclass may keep tasks elsewhere.
                 peers = _sharing.setdefault(store, weakref.WeakSet())
                 peers.add(self)
-                for peer in peers if len(peers) > 1 else ():
-                    peer._watch()
+                if len(peers) > 1:
+                    for peer in peers:
+                        peer._watch()
             else:
                 self._watch()
         self._parked_looks: asyncio.TimerHandle | None = None
