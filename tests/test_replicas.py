@@ -67,15 +67,18 @@ def replicas(executor: ScriptedExecutor, store=None, **options):
     return a, b
 
 
-@pytest.mark.parametrize("shared", [FinalStateTaskStore, InMemoryTaskStore], ids=["final-state", "bare in-memory"])
+@pytest.mark.parametrize(
+    "shared_store",
+    [lambda: FinalStateTaskStore(InMemoryTaskStore()), InMemoryTaskStore],
+    ids=["final-state", "bare in-memory"],
+)
 @pytest.mark.asyncio
-async def test_a_checkpoint_notices_a_cancel_from_another_replica(shared) -> None:
+async def test_a_checkpoint_notices_a_cancel_from_another_replica(shared_store) -> None:
     """The running replica's next due checkpoint raises; its cancel() runs; its stream ends CANCELED.
 
     Also where two handlers share a bare InMemoryTaskStore, which one handler alone never reads
     for cancels recorded elsewhere: the second one's arrival makes both look."""
-    store = FinalStateTaskStore(InMemoryTaskStore()) if shared is FinalStateTaskStore else InMemoryTaskStore()
-    a, b = replicas(PollingExecutor(), store, replica_poll_interval=0.01)
+    a, b = replicas(PollingExecutor(), shared_store(), replica_poll_interval=0.01)
     stream = await start(a)
     task_id = a.executor.task_id
     assert await within(cancel(b, task_id)) == "CANCELED"
