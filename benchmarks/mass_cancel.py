@@ -80,7 +80,8 @@ def main(quick: bool) -> None:
         # collections that dominate a burst of 10,000.
         row = in_processes(__file__, [str(count)], 1)[0]
         answered, closed, tally, memory = row["answered"], row["closed"], row["tally"], row["memory"]
-        (s_time, o_time, floor), (s_mem, o_mem) = answered.values(), memory.values()
+        s_time, o_time, floor = answered["stock"], answered["ours"], answered["floor"]
+        s_mem, o_mem = memory["stock"], memory["ours"]
         print(
             f"{count:6} tasks  stock {s_time:7.3f} s (all closed {closed['stock']:7.3f} s) "
             f"{s_mem / 1024:6.1f} KiB/task {tally['stock']}  "
