@@ -210,11 +210,27 @@ async def unknown_id(bench: Bench) -> str:
 
 
 async def completed(bench: Bench) -> str:
+    """A task that completed, its run over: nothing of it is live when the cancel comes."""
     server = await bench.server(ScriptedExecutor())
     stream = await start(server)
     server.executor.step.open()
     await stream.ended()
+    await within(server.executor.stopped.wait())
+    await wait_all_tasks_blocked()
     return await cancel(server, server.executor.task_id or "")
+
+
+async def completing(bench: Bench) -> str:
+    """The run has published COMPLETED, and the store holds it, while ``execute()`` is still
+    returning when the cancel comes: the run is live, its task is not."""
+    server = await bench.server(ScriptedExecutor(linger=True))
+    await start(server)
+    server.executor.step.open()
+    await within(server.executor.finish.reached.wait())
+    await wait_all_tasks_blocked()  # The SDK has saved the COMPLETED.
+    returned = await cancel(server, server.executor.task_id or "")
+    server.executor.finish.open()
+    return f"{returned} / {await _settled(server, server.executor.task_id or '')}"
 
 
 async def client_leaves_mid_cancel(bench: Bench) -> str:
@@ -346,6 +362,7 @@ SCENARIOS = (
     Scenario("another user subscribes", foreign_subscribe, "got TaskNotFoundError"),
     Scenario("unknown task id", unknown_id, "TaskNotFound"),
     Scenario("completed task", completed, "TaskNotCancelable"),
+    Scenario("completed, execute() still returning", completing, "TaskNotCancelable / COMPLETED"),
     Scenario("client leaves mid-cancel, JSON-RPC", client_leaves_mid_cancel, "task ends CANCELED"),
     Scenario("client leaves mid-cancel, gRPC", client_leaves_mid_cancel, "task ends CANCELED", "grpc"),
     Scenario("two concurrent cancels", concurrent_cancels, "CANCELED and CANCELED"),

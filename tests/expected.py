@@ -51,6 +51,8 @@ STOCK: dict[str, tuple[str | None, ...]] = {
     "another user subscribes": _until_1_1_4("got WORKING", "got TaskNotFoundError"),
     "unknown task id": _same("TaskNotFound"),
     "completed task": _same("TaskNotCancelable"),
+    "completed, execute() still returning": ("COMPLETED / COMPLETED",) * 4
+    + ("TaskNotCancelable / COMPLETED",) * 2,
     "client leaves mid-cancel, JSON-RPC": _until_1_1_4("task ends WORKING", "task ends CANCELED"),
     "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
     "two concurrent cancels": _until_1_1_4("WORKING and WORKING", "CANCELED and CANCELED"),
@@ -78,6 +80,7 @@ WRAPPED: dict[str, tuple[str | None, ...]] = {
     "cancel retried": (None, None, "CANCELED, then CANCELED", "CANCELED, then CANCELED", None, None),
     "another user cancels": _until_1_1_4("CANCELED, owner sees WORKING, run killed", None),
     "another user subscribes": _until_1_1_4("got WORKING", None),
+    "completed, execute() still returning": ("COMPLETED / COMPLETED",) * 4 + (None,) * 2,
     "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
     "second cancel while the first saves CANCELED": _until_1_1_4("HANG", None),
 }
@@ -90,5 +93,4 @@ STOCK_IN_PROCESS: dict[str, tuple[str | None, ...]] = {
         "WORKING and WORKING, task WORKING", "CANCELED and CANCELED, task CANCELED"
     ),
     "cancel() raises": _same("raised RuntimeError / FAILED"),
-    "completed task": ("TaskNotCancelable",) * 2 + ("COMPLETED",) * 2 + ("TaskNotCancelable",) * 2,
 }

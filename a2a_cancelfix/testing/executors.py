@@ -29,6 +29,7 @@ class ScriptedExecutor(AgentExecutor):
         swallow: ``execute()`` swallows ``CancelledError`` and keeps running until released.
         shield: the step runs in a ``shielded()`` section.
         burst: how many artifact updates (streamed tokens) it enqueues before the step.
+        linger: once COMPLETED is enqueued, ``execute()`` waits at ``finish`` before returning.
     """
 
     def __init__(
@@ -39,11 +40,13 @@ class ScriptedExecutor(AgentExecutor):
         swallow: bool = False,
         shield: bool = False,
         burst: int = 0,
+        linger: bool = False,
     ) -> None:
         self.park, self.cancel_mode, self.swallow = park, cancel, swallow
-        self.shield, self.burst = shield, burst
+        self.shield, self.burst, self.linger = shield, burst, linger
         self.task_id: str | None = None
         self.step = Gate()
+        self.finish = Gate()
         self.ready = asyncio.Event()
         self.cancel_called = asyncio.Event()
         self.cancel_returned = asyncio.Event()
@@ -82,6 +85,8 @@ class ScriptedExecutor(AgentExecutor):
                 await self._work_step()
             await updater.complete()
             self.completed.set()
+            if self.linger:
+                await self.finish()
         finally:
             self.stopped.set()
 
