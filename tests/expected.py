@@ -19,10 +19,20 @@ def _same(outcome: str) -> tuple[str, ...]:
     return (outcome,) * len(COLUMNS)
 
 
+def _split(first: str, before: str | None, after: str | None) -> tuple[str | None, ...]:
+    """``before`` in the columns left of ``first``, ``after`` from it on."""
+    changed = COLUMNS.index(first)
+    return (before,) * changed + (after,) * (len(COLUMNS) - changed)
+
+
 def _until_1_1_4(before: str | None, after: str | None) -> tuple[str | None, ...]:
     """``before`` up to a2a-sdk 1.1.3, ``after`` from 1.1.4 (upstream's cancel fix) on."""
-    fixed = COLUMNS.index("1.1.5")
-    return (before,) * fixed + (after,) * (len(COLUMNS) - fixed)
+    return _split("1.1.5", before, after)
+
+
+def _until_1_2(before: str | None, after: str | None) -> tuple[str | None, ...]:
+    """``before`` up to a2a-sdk 1.1.5, ``after`` from 1.2.0 (a terminal task refused first) on."""
+    return _split("1.2.3", before, after)
 
 
 # What the SDK's own DefaultRequestHandler does, as its clients see it (over JSON-RPC, or
@@ -39,7 +49,7 @@ STOCK: dict[str, tuple[str | None, ...]] = {
     "parked INPUT_REQUIRED": _until_1_1_4(
         "INPUT_REQUIRED / INPUT_REQUIRED, cancel() called", "CANCELED / CANCELED, cancel() called"
     ),
-    "no live run here (restart, other replica)": ("HANG",) * 4 + ("CANCELED / CANCELED",) * 2,
+    "no live run here (restart, other replica)": _until_1_2("HANG", "CANCELED / CANCELED"),
     "cancel() publishes CANCELED": _same("CANCELED / CANCELED"),
     "cancel() awaits I/O, then publishes": _until_1_1_4("WORKING / WORKING", "CANCELED / CANCELED"),
     "cancel() raises": _same("Internal / FAILED"),
@@ -51,8 +61,9 @@ STOCK: dict[str, tuple[str | None, ...]] = {
     "another user subscribes": _until_1_1_4("got WORKING", "got TaskNotFoundError"),
     "unknown task id": _same("TaskNotFound"),
     "completed task": _same("TaskNotCancelable"),
-    "completed, execute() still returning": ("COMPLETED / COMPLETED",) * 4
-    + ("TaskNotCancelable / COMPLETED",) * 2,
+    "completed, execute() still returning": _until_1_2(
+        "COMPLETED / COMPLETED", "TaskNotCancelable / COMPLETED"
+    ),
     "client leaves mid-cancel, JSON-RPC": _until_1_1_4("task ends WORKING", "task ends CANCELED"),
     "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
     "two concurrent cancels": _until_1_1_4("WORKING and WORKING", "CANCELED and CANCELED"),
@@ -80,7 +91,7 @@ WRAPPED: dict[str, tuple[str | None, ...]] = {
     "cancel retried": (None, None, "CANCELED, then CANCELED", "CANCELED, then CANCELED", None, None),
     "another user cancels": _until_1_1_4("CANCELED, owner sees WORKING, run killed", None),
     "another user subscribes": _until_1_1_4("got WORKING", None),
-    "completed, execute() still returning": ("COMPLETED / COMPLETED",) * 4 + (None,) * 2,
+    "completed, execute() still returning": _until_1_2("COMPLETED / COMPLETED", None),
     "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
     "second cancel while the first saves CANCELED": _until_1_1_4("HANG", None),
 }
