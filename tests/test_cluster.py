@@ -48,8 +48,8 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.waits import eventually
 
-from .support import eventually
 from .test_store import DATABASES, Database, open_database
 
 pytestmark = pytest.mark.skipif(not _sdk.HAS_CLUSTER, reason="cluster mode is a2a-sdk 1.3+")

@@ -33,8 +33,9 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.waits import eventually
 
-from .support import eventually, logged, set_within, tasks_since
+from .support import logged, set_within, tasks_since
 
 # A cancel must return within the grace period plus this.
 SLACK = 1.5

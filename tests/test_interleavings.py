@@ -32,8 +32,9 @@ from a2a_cancelfix.testing import (
     reached_step,
     state_of,
 )
+from a2a_cancelfix.testing.waits import eventually
 
-from .support import eventually, tasks_since
+from .support import tasks_since
 
 GRACE = 0.05
 BOUND = GRACE + 1.5

@@ -48,9 +48,9 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.waits import eventually
 
 from .expected import COLUMNS, column
-from .support import eventually
 
 SLACK = 1.5
 

@@ -12,8 +12,9 @@ from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.testing import caller, cancel, make_server, within
 from a2a_cancelfix.testing.executors import FleetExecutor
 from a2a_cancelfix.testing.servers import start_fleet
+from a2a_cancelfix.testing.waits import eventually
 
-from .support import eventually, tasks_since
+from .support import tasks_since
 
 COUNT = 200
 ROUNDS = 3

@@ -37,8 +37,8 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.waits import eventually
 
-from .support import eventually
 from .test_replicas import CHECKPOINTS, PollingExecutor, outcome_within
 from .test_store import PG_DSN, open_database
 

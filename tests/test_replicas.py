@@ -28,8 +28,7 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
-
-from .support import eventually
+from a2a_cancelfix.testing.waits import eventually
 
 SLICE = 0.001
 """Seconds of work between two checkpoints."""

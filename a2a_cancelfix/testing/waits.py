@@ -78,6 +78,51 @@ async def wait_all_tasks_blocked(seconds: float = BOUND) -> None:
     await within(_all_tasks_blocked(), seconds)
 
 
+async def eventually(condition: Callable[[], object], seconds: float = BOUND) -> None:
+    """Wait until ``condition()`` (a value or an awaitable) holds, when no event announces it.
+
+    For the SDK's own state, such as its registry of runs. The condition is checked at once,
+    then each time every other task has blocked (`wait_all_tasks_blocked`), and then not
+    again until one of them is woken or a timer of the loop is due. Fails fast after
+    ``seconds``.
+    """
+
+    async def waiting() -> None:
+        while not await _holds(condition):
+            await wait_all_tasks_blocked(seconds)
+            if await _holds(condition):
+                return
+            await _one_wakes()
+
+    await within(waiting(), seconds)
+
+
+async def _one_wakes() -> None:
+    """Wait until a future another task awaits is done, or the loop's next timer is due."""
+    loop = asyncio.get_running_loop()
+    this = asyncio.current_task()
+    waiters = [getattr(task, "_fut_waiter", None) for task in asyncio.all_tasks(loop) if task is not this]
+    if any(waiter is None or waiter.done() for waiter in waiters):
+        return  # One is runnable already.
+    woken = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    for waiter in waiters:
+        waiter.add_done_callback(wake)
+    timers = [timer.when() for timer in getattr(loop, "_scheduled", ()) if not timer.cancelled()]
+    timer = loop.call_at(min(timers), wake) if timers else None
+    try:
+        await woken
+    finally:
+        for waiter in waiters:
+            waiter.remove_done_callback(wake)
+        if timer is not None:
+            timer.cancel()
+
+
 async def _holds(condition: Callable[[], object]) -> bool:
     value = condition()
     return bool(await value) if inspect.isawaitable(value) else bool(value)
