@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.request_handlers import DefaultRequestHandlerV2
-from a2a.types import Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
+from a2a.types import CancelTaskRequest, Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 from a2a.utils import telemetry as _telemetry_module
 
 from a2a_cancelfix._aio import deadline_in, deadlines, keep, wait_done, wait_set
@@ -118,6 +118,19 @@ def unchecked(method: Any) -> Any:
     if inner is not None and method.__code__ in _PARAMS_CHECKS:
         return inner
     return method  # pragma: no cover - a future release that validates otherwise: twice, then
+
+
+_untraced_cancel = untraced(DefaultRequestHandlerV2.on_cancel_task)
+
+
+async def sdk_cancel(handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext) -> Task:
+    """The SDK's own cancel of ``task_id``, without its span (ours carries it)."""
+    return await _untraced_cancel(handler, CancelTaskRequest(id=task_id), context)
+
+
+def state_name(state: int) -> str:
+    """A task state's name as people say it: ``CANCELED``, not ``TASK_STATE_CANCELED``."""
+    return TaskState.Name(state).removeprefix("TASK_STATE_")
 
 
 # The SDK's state sets; both are module constants of active_task.py in 1.0.0-1.3.0.

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from a2a_cancelfix._aio import keep, wait_set
 
@@ -44,6 +44,26 @@ class RunCancelled(asyncio.CancelledError):
         self.requested_at = requested_at
 
 
+class Probe(Protocol):
+    """What a2a_cancelfix.testing's sweep sees of each run, given to the lifecycle it probes.
+
+    Such a lifecycle hands the probe every run to drive, and each run of it looks at every
+    awaited checkpoint (the probe's ``at_checkpoint`` first) and tells the probe whenever a
+    checkpoint raises.
+    """
+
+    def drive(
+        self, execute: Callable[[Any, Any], Awaitable[None]], context: Any, queue: Any, run: Run
+    ) -> Awaitable[None]:
+        """Run ``execute(context, queue)`` as the work of ``run``."""
+
+    async def at_checkpoint(self) -> None:
+        """Called at each look of the run: an awaited checkpoint, an enqueued event, a notice."""
+
+    def saw_cancel(self) -> None:
+        """Called as a checkpoint raises `RunCancelled`: ``sys._getframe(2)`` is its caller."""
+
+
 class Run:
     """The cancellation scope of one ``execute()`` call of one task.
 
@@ -52,6 +72,7 @@ class Run:
         watch: called at most once per ``interval`` from an awaited checkpoint (and before
             a terminal event is enqueued) to learn of a cancel recorded elsewhere, such as
             by another replica in a shared task store; it calls ``cancel`` when it finds one.
+        probe: the testing kit's `Probe`: the run then looks at every checkpoint.
     """
 
     def __init__(
@@ -59,6 +80,7 @@ class Run:
         task_id: str,
         watch: Callable[[], Awaitable[None]] | None = None,
         interval: float = 1.0,
+        probe: Probe | None = None,
     ) -> None:
         self.task_id = task_id
         self.reason: str | None = None
@@ -70,6 +92,9 @@ class Run:
         self._callbacks: list[Callable[[], Any]] = []
         self._shields = 0
         self._unshielded: asyncio.Event | None = None  # Made by the first shielded section.
+        self._probe = probe
+        if probe is not None:
+            watch, interval = _probed(self, probe, watch), 0.0
         self._watch = watch
         self.watched = watch is not None  # Else nothing is ever recorded elsewhere to look for.
         self._interval = interval
@@ -93,6 +118,8 @@ class Run:
     def raise_if_cancelled(self) -> None:
         if self.cancelled and not self._shields:
             self.unwinding = True
+            if self._probe is not None:
+                self._probe.saw_cancel()
             raise RunCancelled(self.reason or "cancel requested", self.requested_at or 0.0)
 
     def add_callback(self, callback: Callable[[], Any]) -> Callable[[], None]:
@@ -110,6 +137,8 @@ class Run:
     def poll_every(self, interval: float) -> None:
         """From now on, poll at most once per ``interval`` (``math.inf``: cancels are pushed)."""
         self._interval = interval
+        if self._probe is not None:
+            return  # Probed: it looks at every checkpoint.
         if self._watch is not None and not self.cancelled:
             self.next_look = time.monotonic() + interval
 
@@ -141,6 +170,20 @@ _current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
 )
 
 
+def _probed(run: Run, probe: Probe, watch: Callable[[], Awaitable[None]] | None) -> Callable[[], Awaitable[None]]:
+    async def look() -> None:
+        await probe.at_checkpoint()
+        if watch is not None and not run.cancelled:
+            await watch()
+
+    return look
+
+
+def current_run() -> Run | None:
+    """The run whose scope the caller is in (its task, or a thread it started), if any."""
+    return _current_run.get()
+
+
 # Bind a run to the current context (the task running the work), and unbind it: the context
 # variable's own methods, as a run's start and end would pay a call of ours.
 enter_run = _current_run.set
@@ -169,7 +212,9 @@ class _Watch:
         self.run = run
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self.run.watch().__await__()
+        # A generator of this module's, not the coroutine's wrapper: whoever walks the run's
+        # chain of awaits (the testing kit's probe) sees the look is the framework's.
+        return (yield from self.run.watch().__await__())
 
 
 def checkpoint() -> Awaitable[None]:

@@ -11,27 +11,24 @@ runs in the SDK's own task.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import wrapt
 from a2a.server.agent_execution import RequestContext
-from a2a.types import Task
 
-from a2a_cancelfix import _telemetry
-from a2a_cancelfix._aio import deadline_in, keep
-from a2a_cancelfix._sdk import CANCELED, terminal_state
+from a2a_cancelfix._aio import deadline_in
+from a2a_cancelfix._sdk import terminal_state
 from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     Lifecycle,
+    Settings,
     Work,
     has_ended,
     logger,
     may_enqueue,
-    seconds,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +52,8 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         TypeError, ValueError: a grace period that is not a finite number above 0.
     """
 
+    _self_lifecycle: Lifecycle
+
     def __new__(cls, executor: AgentExecutor, *args: Any, **kwargs: Any) -> CancellableExecutor:
         if isinstance(executor, CancellableExecutor):
             return executor
@@ -65,9 +64,17 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
     ) -> None:
         if executor is self:  # __new__ handed back an existing proxy: keep it as it is.
             return
-        grace = seconds("grace_period", grace_period)
+        settings = Settings(cancel_grace_period=grace_period)
         super().__init__(executor)
-        self._self_lifecycle = Lifecycle(executor, grace)
+        self._self_lifecycle = Lifecycle(executor, settings)
+
+    @classmethod
+    def _of(cls, lifecycle: Lifecycle) -> CancellableExecutor:
+        """The proxy of ``lifecycle.executor`` through which the SDK reaches our handler's lifecycle."""
+        proxy: CancellableExecutor = super().__new__(cls)
+        wrapt.ObjectProxy.__init__(proxy, lifecycle.executor)
+        proxy._self_lifecycle = lifecycle
+        return proxy
 
     @property
     def cancel_lifecycle(self) -> Lifecycle:
@@ -86,12 +93,9 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             return
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
-        if lifecycle.parked:
-            lifecycle.parked.pop(task_id, None)  # Running again: the run looks for itself.
-        watch = None if lifecycle.read_stored is None else functools.partial(self._self_look, context, event_queue)
-        run = Run(task_id, watch, lifecycle.poll_interval)
-        work = lifecycle.works[task_id] = Work(run)
-        queue, probe = _RunQueue(event_queue, run), lifecycle.probe
+        work = lifecycle.start(context, event_queue)
+        run, probe = work.run, lifecycle.probe
+        queue = _RunQueue(event_queue, run)
         try:
             if probe is None:
                 body = self.__wrapped__.execute(context, queue)
@@ -105,12 +109,10 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             if cancellation is not None:
                 # Returning lets the SDK close the request (and end its streams): CANCELED first.
                 await cancellation.published()
-            elif lifecycle.on_parked is not None and not has_ended(event_queue, context):
-                lifecycle.parked[task_id] = context.call_context
-                lifecycle.on_parked()
+            elif not has_ended(event_queue, context):
+                lifecycle.parked_here(task_id, context.call_context)
         finally:
-            if lifecycle.works.get(task_id) is work:
-                del lifecycle.works[task_id]
+            lifecycle.forget(work)
 
     async def _self_run_apart(self, work: Work, body: Coroutine[Any, Any, None]) -> None:
         """Run the work in a task of its own, which the SDK's teardown of the run cannot reach.
@@ -127,7 +129,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
             lifecycle = self._self_lifecycle
             cancellation = lifecycle.cancellations.get(work.run.task_id)
             if cancellation is None:
-                deadline = deadline_in(lifecycle.grace_period)
+                deadline = deadline_in(lifecycle.settings.cancel_grace_period)
             else:  # It stops the work, then publishes CANCELED: the queue stays open for it.
                 deadline = cancellation.deadline
                 await cancellation.published()
@@ -143,47 +145,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         Checkpoints raise, the wrapped ``cancel()`` runs, the work stops, and then CANCELED is
         published on the queue, which ``execute()`` keeps open until it is.
         """
-        lifecycle = self._self_lifecycle
-        cancellation = lifecycle.begin(context.task_id or "")
-        try:
-            # A parked run's queue is closed by the stock handler on its own: CANCELED first.
-            await cancellation.carry_out(context, event_queue, publish_first=cancellation.work is None)
-        finally:  # Nothing resumes a cancel the SDK's handler gave up on.
-            lifecycle.end(cancellation)
-        if cancellation.failure is not None:  # FAILED is published; the SDK answers with it.
-            raise cancellation.failure
-
-    async def _self_look(self, context: RequestContext, event_queue: EventQueue) -> None:
-        """A run's watch: read the task, and carry out here a cancel another replica stored."""
-        read_stored = self._self_lifecycle.read_stored
-        assert read_stored is not None
-        try:
-            stored = await read_stored(context)
-        except Exception:  # A store hiccup must not fail the run; the next look retries.
-            logger.warning("could not read task %s to look for a remote cancel", context.task_id, exc_info=True)
-            return
-        if stored is not None and stored.status.state == CANCELED:
-            self._self_cancel_here(context, event_queue, stored)
-
-    def _self_cancel_here(self, context: RequestContext, event_queue: EventQueue, stored: Task) -> None:
-        """Cancel this replica's run of a task that another replica cancelled in the store."""
-        lifecycle = self._self_lifecycle
-        if stored.id in lifecycle.cancellations:
-            return
-        cancellation = lifecycle.begin_recorded(stored)
-        cancellation.signal(event_queue)  # Now, so that the checkpoint that found it raises.
-        here = RequestContext(
-            call_context=context.call_context, task_id=stored.id, context_id=stored.context_id, task=stored
-        )
-
-        async def carry_out() -> None:
-            try:
-                await cancellation.carry_out(here, event_queue)
-            finally:
-                lifecycle.end(cancellation)
-                _telemetry.end(cancellation.span)
-
-        keep(carry_out())
+        await self._self_lifecycle.requested_by_sdk(context, event_queue)
 
 
 class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]

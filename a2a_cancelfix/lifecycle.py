@@ -1,33 +1,50 @@
-"""One task's cancel, in one place: from the first request to the run's teardown.
+"""Every cancel, in one place: from the first request to the run's teardown, from any origin.
 
 A run of the wrapped ``execute()`` is a `Work`; a cancel of its task is a `Cancellation`.
-Both are kept per task id in a `Lifecycle`, one per executor proxy. The handler and the
-proxy reach a task's work and cancel there, and nowhere else.
+Both are kept per task id in a `Lifecycle`, built once per handler (or per executor proxy
+under the SDK's stock handler) with its `Settings` and collaborators. The README's steps 1-8
+are `Lifecycle._drive` and `Cancellation.carry_out`; the handler and the executor proxy are
+adapters between the SDK and the lifecycle's entries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
+import functools
 import logging
 import math
+import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import wrapt
 from a2a.server.agent_execution import RequestContext
-from a2a.types import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
+from a2a.types import (
+    InternalError,
+    Task,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _telemetry
-from a2a_cancelfix._aio import Once, deadline_in, deadlines, wait_patiently
+from a2a_cancelfix import _sdk, _telemetry
+from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, wait_patiently
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
-from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
+from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
+from a2a_cancelfix.replicas import RemoteCancels
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
+    from a2a.server.context import ServerCallContext
     from a2a.server.events.event_queue import EventQueue
+    from a2a.server.request_handlers import DefaultRequestHandlerV2
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -37,21 +54,39 @@ DEFAULT_POLL_INTERVAL = 1.0
 MARGIN = 1.0
 # How far a loop's own lateness may stretch the margin (see Cancellation.settled).
 LATENESS_LIMIT = 30.0
+# How long, after the answer, a run that can close itself gets to do so before it is forced.
+PATIENCE = 30.0
 FAILED = TaskState.TASK_STATE_FAILED
 
 
-def seconds(name: str, value: Any, *, optional: bool = False) -> float | None:
-    """Check an option given in seconds: a finite number above 0 (or None, if ``optional``).
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A lifecycle's options, checked once, here (the handler's keywords of the same names).
 
     Raises:
-        TypeError: not a number.
-        ValueError: zero, negative, NaN or infinite.
+        TypeError: a number of seconds that is not a number.
+        ValueError: zero, negative, NaN or infinite seconds; an unknown policy.
     """
-    if value is None and optional:
-        return None
+
+    cancel_grace_period: float = DEFAULT_GRACE_PERIOD
+    replica_poll_interval: float | None = DEFAULT_POLL_INTERVAL
+    on_parked: Literal["cancel", "refuse"] = "cancel"
+    on_canceled: Literal["raise", "return"] = "raise"
+
+    def __post_init__(self) -> None:
+        set_checked = functools.partial(object.__setattr__, self)
+        set_checked("cancel_grace_period", _seconds("cancel_grace_period", self.cancel_grace_period))
+        if self.replica_poll_interval is not None:
+            set_checked("replica_poll_interval", _seconds("replica_poll_interval", self.replica_poll_interval))
+        if self.on_parked not in ("cancel", "refuse"):
+            raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {self.on_parked!r}")
+        if self.on_canceled not in ("raise", "return"):
+            raise ValueError(f"on_canceled must be 'raise' or 'return', not {self.on_canceled!r}")
+
+
+def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        kind = "a number of seconds, or None" if optional else "a number of seconds"
-        raise TypeError(f"{name} must be {kind}, not {type(value).__name__}")
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number of seconds greater than 0, not {value!r}")
     return float(value)
@@ -139,6 +174,14 @@ class Work:
             return
         if self.run.shielded:
             await self.run.wait_unshielded(deadline)
+            if self.run.shielded:
+                logger.warning(
+                    "%s.execute() of task %s was still in a shielded section at the end of the "
+                    "grace period; it is cut at %s",
+                    name,
+                    self.run.task_id,
+                    _where(self.runner),
+                )
         if not self.ended.given and not self.run.unwinding:
             self._interrupt()
         if not await self.ended.wait(deadline):
@@ -194,7 +237,7 @@ class Cancellation:
         self.span = span  # Where its steps are recorded: the request's span, or the notice's.
         self.task_id = task_id
         self.reason = reason
-        self.deadline = deadline_in(lifecycle.grace_period)
+        self.deadline = deadline_in(lifecycle.settings.cancel_grace_period)
         self.step = Step.REQUESTED
         self.work = lifecycle.works.get(task_id)
         self.failure: BaseException | None = None  # What the executor's cancel() raised.
@@ -241,7 +284,7 @@ class Cancellation:
                 caller.set_exception(result)
             else:
                 caller.set_result(result)
-        self._reach(Step.ANSWERED)
+        self.reach(Step.ANSWERED)
 
     async def published(self) -> None:
         """Wait until the terminal state is in the run's queue, or the cancel gave up."""
@@ -262,7 +305,7 @@ class Cancellation:
         _log_dropped(self.task_id, dropped)
         if self.work is not None:
             self.work.run.cancel(self.reason)
-        self._reach(Step.SIGNALLED)
+        self.reach(Step.SIGNALLED)
         _telemetry.step(self.span, "callbacks_fired", dropped=sum(dropped.values()))
 
     async def carry_out(
@@ -278,23 +321,28 @@ class Cancellation:
         publisher = _CancelQueue(queue, context)
         if publish_first:
             await self._publish(publisher)
-        await self._call_cancel(context, publisher)
+        self.call_cancel(context, publisher)
+        await self.cancel_returned()
         if self.work is not None:
-            self._reach(Step.STOPPING)
+            self.reach(Step.STOPPING)
             await self.work.stop(self.deadline, self.lifecycle.name)
             if self.step < Step.STOPPED:
                 _telemetry.step(self.span, "work_stopped", abandoned=self.work.abandoned)
-        self._reach(Step.STOPPED)
+        self.reach(Step.STOPPED)
         await self._publish(publisher)
         self.done.give()
 
-    async def _call_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
+    def call_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
+        """Start the executor's ``cancel()`` (step 3), once, cut off at the deadline."""
         if self._call is None:
-            self._reach(Step.CALLING)
+            self.reach(Step.CALLING)
             self._call = asyncio.ensure_future(self._run_cancel(context, queue))
             timers = deadlines()
             cut_off = timers.at(self.deadline, self._cut_off)
             self._call.add_done_callback(lambda _: timers.drop(cut_off))
+
+    async def cancel_returned(self) -> None:
+        """Wait until ``cancel()`` has returned, raised or been cut off."""
         await self._returned.wait(self.deadline)
 
     async def _run_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
@@ -328,38 +376,188 @@ class Cancellation:
         state = FAILED if self.failure is not None and not self.recorded else CANCELED
         if await queue.publish(state):
             _telemetry.step(self.span, "terminal_published", state=TaskState.Name(state))
-        self._reach(Step.PUBLISHED)
+        self.reach(Step.PUBLISHED)
 
-    def _reach(self, step: Step) -> None:
+    def reach(self, step: Step) -> None:
         self.step = max(self.step, step)
 
 
 class Lifecycle:
-    """The work and the cancel in progress of each task of one executor.
+    """Every cancel of one executor's tasks, from any origin, in the README's order (steps 1-8).
+
+    Built once, with all it needs: by our handler (``handler``: the SDK's handler whose
+    registry, store and own cancel it uses; ``store``: the task store the handler was given),
+    or by a `CancellableExecutor` under the SDK's stock handler (neither). Nothing configures
+    it afterwards.
+
+    Entries, one per origin, each through `Cancellation` and `_drive`:
+
+    - `request`: a client's CancelTask here (and, if its client leaves, the same cancel
+      resumed without it);
+    - `noticed_parked`: a task parked here that another replica cancelled in the store;
+    - `noticed_in_run`: a run here whose look found its task cancelled by another replica;
+    - `requested_by_sdk`: the stock handler calling the proxy's ``cancel()``.
 
     Args:
         executor: the wrapped executor, whose ``cancel()`` a cancel calls.
-        grace_period: seconds a cancel gives ``cancel()`` and the work, together.
+        settings: the options, checked.
+        handler: our handler (the SDK's class), or None under the stock handler.
+        store: the task store given to ``handler``.
+        probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
 
-    def __init__(self, executor: AgentExecutor, grace_period: float) -> None:
+    def __init__(
+        self,
+        executor: AgentExecutor,
+        settings: Settings,
+        *,
+        handler: DefaultRequestHandlerV2 | None = None,
+        store: Any = None,
+        probe: Probe | None = None,
+    ) -> None:
         self.executor = executor
         self.name = executor.__class__.__name__  # A proxy's too, as isinstance sees it.
-        self.grace_period = grace_period
+        self.settings = settings
+        self.probe = probe
+        self.handler = handler
+        # Under our handler, which drives every cancel, the work runs in the SDK's own task;
+        # else the SDK's own cancel drives, and the work runs apart.
+        self.inline = handler is not None and _sdk.SUPPORTED
         self.works: dict[str, Work] = {}
         self.cancellations: dict[str, Cancellation] = {}
-        # Set by our handler: how runs learn of a cancel recorded by another replica.
-        self.read_stored: Callable[[RequestContext], Awaitable[Task | None]] | None = None
-        self.poll_interval = DEFAULT_POLL_INTERVAL
-        self.inline = False  # Our handler drives every cancel: the work runs in the SDK's task.
-        # Set by a2a_cancelfix.testing's sweep: it sees each run's cancel points and holds the
-        # run at one of them while the cancel lands.
-        self.probe: Any = None
         # Tasks whose run returned without ending them (parked, most likely), with the caller
-        # that ran them: nothing runs here to notice a cancel another replica records, so our
-        # handler looks for them (``on_parked``: a task was added).
-        self.parked: dict[str, Any] = {}
-        self.on_parked: Callable[[], None] | None = None
+        # that ran them: nothing runs here to notice a cancel another replica records.
+        self.parked: dict[str, ServerCallContext] = {}
+        self.remote = None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval)
+
+    # The origins.
+
+    async def request(self, task_id: str, caller: ServerCallContext) -> Task:
+        """Carry out a client's cancel of ``task_id``; the task CANCELED, or an A2A error.
+
+        Raises:
+            TaskNotFoundError, TaskNotCancelableError, InternalError: see the handler.
+        """
+        cancellations = self.cancellations
+        # A cancel in progress is joined before any await: its outcome is this one's too.
+        joined = cancellations.get(task_id)
+        answer = None if joined is None else joined.join()
+        try:
+            task = await self.read(task_id, caller)  # Owner-scoped: joining needs it too.
+            if task is None:
+                _log_cancel(task_id, "unknown task", "TaskNotFound", 0.0, False)
+                raise TaskNotFoundError
+            # Looked up once, so that a cancel resumed without its caller takes the same path.
+            active = await _sdk.live_task(self.handler, task_id)
+        except BaseException:
+            if answer is not None:
+                answer.cancel()
+            raise
+        joined = cancellations.get(task_id)  # One may have begun during those awaits.
+        if answer is None and joined is not None:
+            answer = joined.join()
+        if answer is not None:
+            return await _joined(task_id, answer)
+        self._refuse_unless_cancelable(task)
+        if task.status.state == CANCELED:  # on_canceled="return"
+            _log_cancel(task.id, "already canceled", "CANCELED", 0.0, False)
+            return task
+        cancellation = self.begin(task_id)
+        answer = cancellation.join()
+        try:
+            # The first caller drives the cancel itself: a task of its own would cost a
+            # wake-up at each end, a tenth of a fast cancel.
+            await self._drive(cancellation, task, active, caller)
+        except asyncio.CancelledError:
+            # Its client went away. The cancel goes on without it, from the top: every step
+            # it had done is done once, every wait ends at the same deadline.
+            answer.cancel()
+            keep(self._drive(cancellation, task, active, caller))
+            raise
+        return answer.result()
+
+    async def noticed_parked(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
+        """Carry out here the cancel another replica recorded for a task parked here."""
+        cancellation = self.begin_recorded(stored)
+        try:
+            await self._drive(cancellation, stored, active, caller)
+        finally:
+            _telemetry.end(cancellation.span)
+
+    async def noticed_in_run(self, context: RequestContext, queue: EventQueue, stored: Task) -> None:
+        """Carry out here the cancel another replica recorded for a task this replica runs.
+
+        Called by the run's look, often from a checkpoint of the run itself: the callbacks
+        fire and ``cancel()`` returns before the look does, so the checkpoint raises after
+        them, as on every other path; the rest goes on behind it.
+        """
+        if stored.id in self.cancellations:
+            return
+        cancellation = self.begin_recorded(stored)
+        here = RequestContext(
+            call_context=context.call_context, task_id=stored.id, context_id=stored.context_id, task=stored
+        )
+        cancellation.signal(queue)
+        cancellation.call_cancel(here, _CancelQueue(queue, here))
+
+        async def carry_out() -> None:
+            try:
+                await self._drive(cancellation, stored, None, None, here=(here, queue))
+            finally:
+                _telemetry.end(cancellation.span)
+
+        try:
+            await cancellation.cancel_returned()
+        finally:  # Started only now: the checkpoint that looked raises before it stops the work.
+            keep(carry_out())
+
+    async def requested_by_sdk(self, context: RequestContext, queue: EventQueue) -> None:
+        """Carry out the stock handler's cancel, on the queue it gives; raise what ``cancel()`` raised."""
+        cancellation = self.begin(context.task_id or "")
+        # A parked run's queue is closed by the stock handler on its own: CANCELED first.
+        await self._drive(cancellation, None, None, None, here=(context, queue))
+        if cancellation.failure is not None:  # FAILED is published; the SDK answers with it.
+            raise cancellation.failure
+
+    # The runs.
+
+    def start(self, context: RequestContext, queue: EventQueue) -> Work:
+        """A run of ``execute()`` begins: its scope, watching for remote cancels if any can come."""
+        task_id = context.task_id or ""
+        if self.parked:
+            self.parked.pop(task_id, None)  # Running again: the run looks for itself.
+        remote = self.remote
+        if remote is not None and remote.watching:
+            look = functools.partial(self._look, context, queue)
+            run = Run(task_id, look, remote.interval, self.probe)
+        else:
+            run = Run(task_id, None, math.inf, self.probe)
+        work = self.works[task_id] = Work(run)
+        return work
+
+    def forget(self, work: Work) -> None:
+        """A run of ``execute()`` has returned."""
+        if self.works.get(work.run.task_id) is work:
+            del self.works[work.run.task_id]
+
+    def parked_here(self, task_id: str, caller: ServerCallContext) -> None:
+        """A run returned without ending its task: another replica may cancel it meanwhile."""
+        if self.remote is not None and self.remote.watching:
+            self.parked[task_id] = caller
+            self.remote.look_at_parked_soon()
+
+    async def _look(self, context: RequestContext, queue: EventQueue) -> None:
+        """A run's watch: read the task, and carry out here a cancel another replica stored."""
+        assert self.remote is not None
+        try:
+            stored = await self.remote.read_for(context)
+        except Exception:  # A store hiccup must not fail the run; the next look retries.
+            logger.warning("could not read task %s to look for a remote cancel", context.task_id, exc_info=True)
+            return
+        if stored is not None and stored.status.state == CANCELED:
+            await self.noticed_in_run(context, queue, stored)
+
+    # Steps 1 (begin) and 8 (end).
 
     def begin(self, task_id: str, reason: str = "cancel requested", span: Any = None) -> Cancellation:
         """The cancel in progress of ``task_id``, or a new one (its deadline fixed now).
@@ -390,13 +588,178 @@ class Lifecycle:
     def end(self, cancellation: Cancellation) -> None:
         """Forget a cancel, done or given up on; a run still waiting for it stops waiting."""
         cancellation.done.give()
-        cancellation._reach(Step.TORN_DOWN)
+        cancellation.reach(Step.TORN_DOWN)
         if self.cancellations.get(cancellation.task_id) is cancellation:
             del self.cancellations[cancellation.task_id]
 
     def busy(self, task_id: str) -> bool:
         """Whether an ``execute()`` of ``task_id`` runs, or a cancel of it."""
         return task_id in self.works or task_id in self.cancellations
+
+    async def read(self, task_id: str, caller: ServerCallContext) -> Task | None:
+        """The task as the caller may see it; a failing store is an A2A error."""
+        try:
+            return await _sdk.read_task(self.handler, task_id, caller)
+        except A2AError:
+            raise
+        except Exception as error:
+            logger.warning("could not read task %s from the task store", task_id, exc_info=True)
+            raise InternalError(message=f"The task store failed: {type(error).__name__}") from error
+
+    # Steps 2-8, on every path.
+
+    async def _drive(
+        self,
+        cancellation: Cancellation,
+        task: Task | None,
+        active: Any,
+        caller: ServerCallContext | None,
+        *,
+        here: tuple[RequestContext, EventQueue] | None = None,
+    ) -> None:
+        """Carry the cancel out (steps 2-6), answer every caller (7), let the run close (8).
+
+        ``here``: the run's context and queue, where the cancel is carried out on them (a
+        look in the run, the stock handler's ``cancel()``); else ``task``, read by
+        ``caller``, whose run here is ``active`` (None: not live here). Interrupted, it
+        answers nobody and can be called again to finish.
+        """
+        outcome: Task | BaseException | None = None
+        try:
+            if here is not None:
+                context, queue = here
+                await cancellation.carry_out(context, queue, publish_first=cancellation.work is None)
+            else:
+                assert task is not None and caller is not None
+                outcome = await self._cancel(cancellation, task, active, caller)
+        except A2AError as error:
+            outcome = error
+        except Exception as error:  # A store that fails mid-cancel: every caller learns it.
+            logger.warning("the cancel of task %s failed", cancellation.task_id, exc_info=True)
+            outcome = InternalError(message=f"The cancel failed: {type(error).__name__}")
+        finally:
+            if here is not None:  # Nothing resumes a cancel carried out on a run's queue.
+                self.end(cancellation)
+        if here is not None:
+            return
+        assert outcome is not None
+        cancellation.answer(outcome)
+        self.end(cancellation)
+        if active is not None:  # After the answers, so that it does not delay them.
+            _tear_down(active, cancellation.task_id)
+
+    async def _cancel(self, cancellation: Cancellation, task: Task, active: Any, caller: ServerCallContext) -> Task:
+        """Cancel ``task``, whose run here is ``active`` (None: it has none live here)."""
+        started = time.monotonic()
+        if active is not None:
+            path = "parked" if task.status.state in _sdk.PARKED_STATES else "live"
+            path = "parked, canceled elsewhere" if cancellation.recorded else path
+            result = await self._cancel_live(cancellation, active, task, caller)
+        elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
+            path, result = "not live here", await self._write_canceled(task.id, caller)
+        else:
+            path, result = "not live here (SDK)", await self._cancel_by_sdk(task.id, caller, cancellation)
+        state = result.status.state
+        _log_cancel(task.id, path, _state_name(result), time.monotonic() - started, cancellation.late)
+        if state == CANCELED:
+            return result
+        if state == FAILED and cancellation.failure is not None:
+            raise InternalError(message=f"The agent failed to cancel task {task.id}; the task has FAILED")
+        raise TaskNotCancelableError(message=f"Task {task.id} reached {_state_name(result)} before the cancel")
+
+    async def _cancel_live(
+        self, cancellation: Cancellation, active: Any, task: Task, caller: ServerCallContext
+    ) -> Task:
+        """Cancel a run of this process; return the task as it ended."""
+        context = RequestContext(call_context=caller, task_id=task.id, context_id=task.context_id, task=task)
+        await cancellation.carry_out(context, _sdk.agent_queue(active))
+        recorded = await cancellation.settled(functools.partial(_sdk.wait_finished, active))
+        result = await self.read(task.id, caller)
+        if not recorded or result is None or result.status.state not in TERMINAL_STATES:
+            logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
+            _telemetry.teardown_forced(task.id)
+            await _sdk.force_close(active, MARGIN)
+            return await self._write_canceled(task.id, caller)
+        return result
+
+    async def _cancel_by_sdk(self, task_id: str, caller: ServerCallContext, cancellation: Cancellation) -> Task:
+        """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
+        timeout = max(cancellation.deadline + MARGIN - asyncio.get_running_loop().time(), 0)
+        try:
+            await asyncio.wait_for(_sdk.sdk_cancel(self.handler, task_id, caller), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("the SDK's cancel of task %s hung; CANCELED is written directly", task_id)
+            return await self._write_canceled(task_id, caller)
+        except TaskNotCancelableError:
+            pass  # Another cancel, or the run's own end, came first: the store says which.
+        # Read back: the SDK answers with its own copy, even where a guarded store refused it.
+        stored = await self.read(task_id, caller)
+        if stored is None:
+            raise TaskNotFoundError
+        return stored
+
+    async def _write_canceled(self, task_id: str, caller: ServerCallContext) -> Task:
+        result = await _sdk.write_canceled(self.handler, task_id, caller)
+        if result is None:
+            raise TaskNotFoundError
+        return result
+
+    def _refuse_unless_cancelable(self, task: Task) -> None:
+        state = task.status.state
+        if state in TERMINAL_STATES:
+            if state == CANCELED and self.settings.on_canceled == "return":
+                return
+            _log_cancel(task.id, "already terminal", "TaskNotCancelable", 0.0, False)
+            raise TaskNotCancelableError(message=f"Task {task.id} is already in a terminal state")
+        if state in _sdk.PARKED_STATES and self.settings.on_parked == "refuse":
+            _log_cancel(task.id, "parked, refused", "TaskNotCancelable", 0.0, False)
+            raise TaskNotCancelableError(
+                message=f"Task {task.id} is waiting for input and this server keeps such tasks"
+            )
+
+
+def _tear_down(active: Any, task_id: str) -> None:
+    """Let the run close itself; force it closed if it does not in time."""
+    # Up to a2a-sdk 1.2.2 no run closes itself (see _sdk.RUNS_CLOSE_THEMSELVES): the margin
+    # is only a courtesy there. Later, a run gets long enough to close on a loop busy with
+    # thousands of cancels; only one held by an execute() that swallows the cancel needs it.
+    settle_by = deadline_in(PATIENCE if _sdk.RUNS_CLOSE_THEMSELVES else MARGIN)
+    span = _telemetry.current_span()  # The cancel's: the forced close is recorded under it.
+
+    def stuck() -> None:
+        logger.debug("run of task %s did not close in time; it is force-closed", task_id)
+        _telemetry.teardown_forced(task_id, span)
+        keep(_sdk.force_close(active, MARGIN))
+
+    _sdk.unless_closed_by(active, settle_by, stuck)
+
+
+async def _joined(task_id: str, answer: asyncio.Future[Task]) -> Task:
+    """The answer of the cancel in progress that this request joined."""
+    started = time.monotonic()
+    try:
+        task = await answer
+    except A2AError as error:
+        _telemetry.cancel_answered(task_id, "joined", type(error).__name__.removesuffix("Error"), 0.0, False)
+        raise
+    _telemetry.cancel_answered(task_id, "joined", _state_name(task), time.monotonic() - started, False)
+    return task
+
+
+def _log_cancel(task_id: str, path: str, outcome: str, took: float, late: bool) -> None:
+    logger.info(
+        "cancel task=%s path=%s outcome=%s took=%.3fs grace_exhausted=%s",
+        task_id,
+        path,
+        outcome,
+        took,
+        late,
+    )
+    _telemetry.cancel_answered(task_id, path, outcome, took, late)
+
+
+def _state_name(task: Task) -> str:
+    return _sdk.state_name(task.status.state)
 
 
 def _log_dropped(task_id: str, dropped: dict[str, int]) -> None:
@@ -407,6 +770,23 @@ def _log_dropped(task_id: str, dropped: dict[str, int]) -> None:
             sum(dropped.values()),
             ", ".join(f"{name}={count}" for name, count in sorted(dropped.items())),
         )
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """Where a task's work is suspended: its innermost await outside this package and asyncio."""
+    place, link = "an unknown point", task.get_coro()
+    while link is not None:
+        frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
+        if frame is None:
+            break
+        if not frame.f_code.co_filename.startswith(_FRAMEWORK):
+            place = f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
+        link = getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
+    return place
+
+
+# This package's frames, and asyncio's: the await that was cut is the one that called them.
+_FRAMEWORK = (os.path.dirname(__file__), os.path.dirname(asyncio.__file__))
 
 
 def _uncancel(task: asyncio.Task[Any]) -> None:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import math
 import weakref
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import RequestContext
@@ -27,13 +26,9 @@ from a2a_cancelfix.notices import keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
 
 if TYPE_CHECKING:
-    from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers import DefaultRequestHandlerV2
 
     from a2a_cancelfix.lifecycle import Lifecycle
-
-# Carries out here a cancel another replica recorded for a parked task: (stored, run, caller).
-CancelHere = Callable[[Task, Any, "ServerCallContext"], Awaitable[None]]
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -48,22 +43,32 @@ _sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[RemoteCan
 class RemoteCancels:
     """One handler's watch for cancels recorded by other replicas.
 
+    Built by the lifecycle it serves, as the handler is built (nothing of the handler's is read
+    before the first run or request).
+
+    Attributes:
+        watching: whether the lifecycle's runs and parked tasks look for remote cancels: not
+            on a bare ``InMemoryTaskStore`` only one handler has, nor with ``poll`` None and
+            no notices.
+        interval: seconds between two looks of a run, now: ``poll``, or ``math.inf`` while
+            notices are heard.
+
     Args:
-        handler: our handler, whose store is read and whose runs are found.
         lifecycle: the handler's lifecycle, whose runs and parked tasks are watched.
+        handler: our handler, whose store is read and whose runs are found.
+        store: the task store the handler was given.
         poll: seconds between two polls while no notices are heard; None never polls.
-        cancel_here: how the handler carries out the cancel of a parked task found CANCELED.
     """
 
     def __init__(
-        self, handler: DefaultRequestHandlerV2, lifecycle: Lifecycle, poll: float | None, cancel_here: CancelHere
+        self, lifecycle: Lifecycle, handler: DefaultRequestHandlerV2, store: Any, poll: float | None
     ) -> None:
-        self.handler, self.lifecycle, self._cancel_here = handler, lifecycle, cancel_here
-        store = handler.task_store
+        self.handler, self.lifecycle = handler, lifecycle
+        self.watching = False
         self.notices = store.notices if isinstance(store, FinalStateTaskStore) else None
         if isinstance(store, FinalStateTaskStore):
             store.on_final.append(self.noticed)
-        self.poll = math.inf if poll is None else poll
+        self.poll = self.interval = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
             if type(store) is InMemoryTaskStore:  # Exactly the SDK's: a subclass may keep tasks elsewhere.
                 peers = _sharing.setdefault(store, weakref.WeakSet())
@@ -81,9 +86,7 @@ class RemoteCancels:
     def _watch(self) -> None:
         """Look for cancels recorded elsewhere: runs poll until notices are heard, and whenever
         they are not; so do the parked tasks."""
-        lifecycle = self.lifecycle
-        lifecycle.read_stored, lifecycle.poll_interval = self._stored_for_run, self.poll
-        lifecycle.on_parked = self._look_at_parked_soon
+        self.watching = True
 
     def noticed(self, task_id: str) -> None:
         """Another replica may have ended ``task_id``: its run or parked task here looks now."""
@@ -124,24 +127,23 @@ class RemoteCancels:
         """The notices are lost: poll as without them until they are back."""
         self._poll_every(self.poll)
         if self.lifecycle.parked:
-            self._look_at_parked_soon()
+            self.look_at_parked_soon()
 
     def _poll_every(self, interval: float) -> None:
-        lifecycle = self.lifecycle
-        lifecycle.poll_interval = interval
-        for work in lifecycle.works.values():
+        self.interval = interval
+        for work in self.lifecycle.works.values():
             work.run.poll_every(interval)
         if interval == math.inf and self._parked_looks is not None:
             self._parked_looks.cancel()
             self._parked_looks = None
 
-    async def _stored_for_run(self, context: RequestContext) -> Task | None:
+    async def read_for(self, context: RequestContext) -> Task | None:
         """The task as stored, read as the run's caller (a run checks it for remote cancels)."""
         return await _sdk.read_task(self.handler, context.task_id or "", context.call_context)
 
-    def _look_at_parked_soon(self) -> None:
+    def look_at_parked_soon(self) -> None:
         """Look at the parked tasks after one poll interval: one timer for all of them."""
-        interval = self.lifecycle.poll_interval
+        interval = self.interval
         if self._parked_looks is None and interval != math.inf:
             self._parked_looks = asyncio.get_running_loop().call_later(interval, self._look_at_all_parked)
 
@@ -155,7 +157,7 @@ class RemoteCancels:
         for task_id in list(parked):
             await self._look_at_parked(task_id)
         if parked:
-            self._look_at_parked_soon()
+            self.look_at_parked_soon()
 
     async def _look_at_parked(self, task_id: str) -> None:
         """Cancel here a parked task that another replica cancelled in the store.
@@ -184,4 +186,4 @@ class RemoteCancels:
             return  # Still parked; or parked here before the store has saved it (so).
         del parked[task_id]
         if stored.status.state == _sdk.CANCELED:
-            await self._cancel_here(stored, active, caller)
+            await self.lifecycle.noticed_parked(stored, active, caller)

@@ -86,7 +86,7 @@ def rearm(executor: ScriptedExecutor) -> None:
 
 async def listening(server) -> None:
     """Wait until the replica hears its notices: it then polls no more (a benchmark may poll)."""
-    while server.handler.agent_executor.cancel_lifecycle.poll_interval != math.inf:
+    while server.handler.agent_executor.cancel_lifecycle.remote.interval != math.inf:
         await asyncio.sleep(0.005)
 
 
@@ -127,14 +127,14 @@ async def reads_per_task_second(kind: str, mode: str, interval: float, tasks: in
         executor = SteppingExecutor()
         a = make_server("ours", executor, store=shared, push=False, replica_poll_interval=interval)
         wrapper = a.handler.agent_executor
-        original, reads = wrapper.cancel_lifecycle.read_stored, 0
+        original, reads = wrapper.cancel_lifecycle.remote.read_for, 0
 
         async def counted(context):
             nonlocal reads
             reads += 1
             return await original(context)
 
-        wrapper.cancel_lifecycle.read_stored = counted
+        wrapper.cancel_lifecycle.remote.read_for = counted
         streams = []
         for _ in range(tasks):
             executor.step = type(executor.step)()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 import time
 
@@ -313,14 +314,20 @@ async def test_shielded_write_finishes_before_the_claim_is_released(kind: str) -
 
 
 @pytest.mark.asyncio
-async def test_a_shield_that_never_ends_is_bounded_by_the_grace_period() -> None:
-    """A shielded section cannot hold the cancel past the grace period."""
+async def test_a_shield_that_never_ends_is_bounded_by_the_grace_period(caplog: pytest.LogCaptureFixture) -> None:
+    """A shielded section cannot hold the cancel past the grace period; cutting it is a WARNING
+    that names the executor, the task and where the section was cut."""
     server = make_server("ours", WritingExecutor())
     await start(server)
     executor = server.executor
     await within(executor.write.reached.wait())
-    assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
+    with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+        assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
     assert executor.log == ["claimed", "scrubbed", "write started", "released"]
+    cut = [(r.levelno, r.getMessage()) for r in caplog.records if "shielded section" in r.getMessage()]
+    assert [level for level, _ in cut] == [logging.WARNING]
+    cut = [message for _, message in cut]
+    assert "WritingExecutor" in cut[0] and executor.task_id in cut[0] and "test_checkpoints.py:" in cut[0]
 
 
 class ThreadedExecutor(ScriptedExecutor):

@@ -55,7 +55,21 @@ def test_takes_the_sdk_arguments_and_wraps_the_executor() -> None:
     assert handler.agent_executor.__wrapped__ is executor
     wrapped = CancellableExecutor(executor)
     again = DefaultRequestHandler(wrapped, server.store, server.handler._agent_card)
-    assert again.agent_executor is wrapped
+    assert again.agent_executor.__wrapped__ is executor  # Its own proxy of the executor inside.
+
+
+@pytest.mark.asyncio
+async def test_handlers_sharing_a_wrapped_executor_each_keep_their_grace_period() -> None:
+    """One CancellableExecutor given to two handlers: a cancel through each is bounded by that
+    handler's own grace period, not the other's (a cancel() that hangs uses all of it)."""
+    shared = CancellableExecutor(ScriptedExecutor(cancel="hang"), grace_period=4.0)
+    quick = make_server("ours", shared, cancel_grace_period=0.2)
+    slow = make_server("ours", shared, cancel_grace_period=4.0)
+    assert quick.handler.cancel_grace_period == 0.2 and slow.handler.cancel_grace_period == 4.0
+    sent = Stream(quick.calls.send_stream(SendMessageRequest(message=message()), "alice"))
+    await sent.until(lambda: sent.last == "WORKING")
+    # Within its own 0.2 s and the SDK's margin: the slow handler's 4 s would fail here.
+    assert await within(cancel(quick, quick.executor.task_id), 0.2 + lifecycle_module.MARGIN + 1.0) == "CANCELED"
 
 
 @pytest.mark.parametrize(

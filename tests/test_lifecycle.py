@@ -32,7 +32,7 @@ from a2a_cancelfix import (
     cancellable,
     on_cancel,
 )
-from a2a_cancelfix.lifecycle import MARGIN, Lifecycle
+from a2a_cancelfix.lifecycle import MARGIN, Lifecycle, Settings
 from a2a_cancelfix.testing import (
     GRACE,
     Gate,
@@ -185,7 +185,7 @@ async def test_the_sdks_margin_is_fixed_by_the_first_wait(monkeypatch: pytest.Mo
     the margin counts once, from when the work first stopped, not again from each wait."""
     clock = [100.0]
     monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: clock[0])
-    cancellation = Lifecycle(ScriptedExecutor(), grace_period=1.0).begin("task")  # Deadline 101.
+    cancellation = Lifecycle(ScriptedExecutor(), Settings(cancel_grace_period=1.0)).begin("task")  # Deadline 101.
     asked: list[float] = []
 
     async def wait(deadline: float) -> bool:

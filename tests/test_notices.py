@@ -420,11 +420,11 @@ async def test_a_listener_that_hears_nothing_back_is_lost_and_polls(tmp_path: Pa
         try:
             await start(a)
             await within(listening.heard())
-            assert a.handler.agent_executor.cancel_lifecycle.poll_interval == float("inf")
+            assert a.handler.agent_executor.cancel_lifecycle.remote.interval == float("inf")
             listening.hold()
             await admin.execute_command("CLIENT", "PAUSE", "300", "ALL")
             await listening.retrying()
-            assert a.handler.agent_executor.cancel_lifecycle.poll_interval == 0.01
+            assert a.handler.agent_executor.cancel_lifecycle.remote.interval == 0.01
         finally:
             listening.reconnect.open()
             a.executor.released.set()

@@ -119,14 +119,14 @@ async def test_no_poll_before_the_interval_is_due() -> None:
     """A run that checkpoints in a tight loop does not read the store before the interval is due."""
     reads = 0
     a, b = replicas(PollingExecutor(), replica_poll_interval=3600)
-    original = a.handler.agent_executor.cancel_lifecycle.read_stored
+    original = a.handler.agent_executor.cancel_lifecycle.remote.read_for
 
     async def counted(context: RequestContext):
         nonlocal reads
         reads += 1
         return await original(context)
 
-    a.handler.agent_executor.cancel_lifecycle.read_stored = counted
+    a.handler.agent_executor.cancel_lifecycle.remote.read_for = counted
     await start(a)
     await a.executor.passed(CHECKPOINTS)
     assert reads == 0
@@ -145,7 +145,7 @@ async def test_a_store_that_fails_to_answer_does_not_fail_the_run(caplog) -> Non
         looked.notify()
         raise OSError("database unreachable")
 
-    a.handler.agent_executor.cancel_lifecycle.read_stored = broken
+    a.handler.agent_executor.cancel_lifecycle.remote.read_for = broken
     await start(a)
     await looked.until(lambda: looks >= 2)  # It looked, failed, and looked again ...
     assert sum("could not read task" in r.getMessage() for r in caplog.records) >= 2  # ... logging each.
@@ -241,7 +241,7 @@ async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_w
     a = make_server("ours", ScriptedExecutor(park=True), store=store, replica_poll_interval=0.01)
     b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=0.01)
     held, save = Gate(), store.save
-    looked, look = asyncio.Event(), a.handler._replicas._look_at_parked
+    looked, look = asyncio.Event(), a.handler._remote._look_at_parked
 
     async def held_save(task, context):
         if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
@@ -252,7 +252,7 @@ async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_w
         await look(task_id)
         looked.set()
 
-    store.save, a.handler._replicas._look_at_parked = held_save, noted_look  # type: ignore[method-assign]
+    store.save, a.handler._remote._look_at_parked = held_save, noted_look  # type: ignore[method-assign]
     sent = Stream(a.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     try:
         await within(held.reached.wait())
@@ -266,3 +266,35 @@ async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_w
     assert await within(cancel(b, task_id)) == "CANCELED"
     assert await subscriber.ended() and subscriber.last == "CANCELED"
     assert a.executor.cancel_called.is_set()
+
+
+class OrderedExecutor(PollingExecutor):
+    """Notes when its ``cancel()`` is called and when its ``execute()``'s ``finally`` runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    async def execute(self, context, event_queue) -> None:
+        try:
+            await super().execute(context, event_queue)
+        finally:
+            self.order.append("finally")
+
+    async def cancel(self, context, event_queue) -> None:
+        self.order.append("cancel")
+        await super().cancel(context, event_queue)
+
+
+@pytest.mark.parametrize("where", ["here", "another replica"])
+@pytest.mark.asyncio
+async def test_cancel_runs_before_the_work_unwinds_on_every_path(where: str) -> None:
+    """The README's order holds however the run learns of the cancel: ``cancel()`` is called
+    before ``execute()``'s ``finally`` runs, also when a polling checkpoint finds a remote one."""
+    a, b = replicas(OrderedExecutor(), replica_poll_interval=0.01)
+    await start(a)
+    task_id = a.executor.task_id
+    assert await within(cancel(a if where == "here" else b, task_id)) == "CANCELED"
+    await within(a.executor.stopped.wait())
+    await eventually(lambda: "finally" in a.executor.order)
+    assert a.executor.order == ["cancel", "finally"]

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from a2a_cancelfix import FinalStateTaskStore, handler, scenarios
+from a2a_cancelfix import FinalStateTaskStore, lifecycle, scenarios
 from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
 
 from .support import logged
@@ -339,7 +339,7 @@ async def test_a_forced_teardown_is_a_span_under_the_cancel(
 ) -> None:
     """An execute() that swallows the cancel holds its run after the answer; the run's forced
     close, behind the answer, is recorded under the cancel's span."""
-    monkeypatch.setattr(handler, "_PATIENCE", 0.05)
+    monkeypatch.setattr(lifecycle, "PATIENCE", 0.05)
 
     async def swallows(bench: Bench) -> str:
         server = await bench.server(ScriptedExecutor(swallow=True), cancel_grace_period=0.05)

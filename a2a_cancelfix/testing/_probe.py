@@ -113,20 +113,15 @@ class Probe:
         self.run, self.runs = run, self.runs + 1
         self.finished.clear()
         _note_user(getattr(execute, "__self__", None))
-        run._watch = _watching(self, run._watch)  # Every checkpoint is a point: look at each.
-        run._interval = 0.0
-        run.next_look = 0.0
-        raise_if_cancelled = run.raise_if_cancelled
-
-        def raising() -> None:
-            try:
-                raise_if_cancelled()
-            except RunCancelled:
-                self._saw_cancel(_where_raised(), sys._getframe(1).f_code is _SHIELD_EXIT)
-                raise
-
-        run.raise_if_cancelled = raising  # type: ignore[method-assign]
         return _Driven(self, execute(context, _ReportingQueue(queue, self)), run)
+
+    async def at_checkpoint(self) -> None:
+        """Every checkpoint is a point (the run looks at each: see `checkpoints.Probe`)."""
+        if not self._in_enqueue:
+            await self.point("checkpoint", _where_called())
+
+    def saw_cancel(self) -> None:
+        self._saw_cancel(_where_raised(), sys._getframe(2).f_code is _SHIELD_EXIT)
 
     def _saw_cancel(self, where: str, shield_exit: bool) -> None:
         if self.observed is None:
@@ -144,17 +139,6 @@ class Probe:
         """The run's own code awaits at ``where``, with the cancel made and not yet seen."""
         if self.landed and self.observed is None and not run.shielded:
             self.late.append(f"went on to {where} after the cancel, before it noticed it")
-
-
-def _watching(probe: Probe, watch: Callable[[], Awaitable[None]] | None) -> Callable[[], Awaitable[None]]:
-    async def look() -> None:
-        if not probe._in_enqueue:
-            await probe.point("checkpoint", _where_called())
-        run = probe.run
-        if watch is not None and run is not None and not run.cancelled:
-            await watch()
-
-    return look
 
 
 class _ReportingQueue:

@@ -289,8 +289,7 @@ class _World:
         self.push = PushReceiver()
         self.executor = plan.factory()
         self.watched = _Watched(self.executor)
-        self.a = self._handler(self.watched)
-        self.a.agent_executor.cancel_lifecycle.probe = probe
+        self.a = self._handler(self.watched, probe=probe)
         self._b: DefaultRequestHandler | None = None
         self.task_id = ""
         self.sender: Stream | None = None
@@ -305,7 +304,9 @@ class _World:
         self.pool = _TrackedPool()
         self.owned: set[asyncio.Task[Any]] = set()
 
-    def _handler(self, executor: Any, poll: float | None = PARKED_LOOKS) -> DefaultRequestHandler:
+    def _handler(
+        self, executor: Any, poll: float | None = PARKED_LOOKS, probe: Probe | None = None
+    ) -> DefaultRequestHandler:
         card = _wire.agent_card("jsonrpc", "http://127.0.0.1/")
         sender = BasePushNotificationSender(self.push.client, self.configs, caller())
         return DefaultRequestHandler(
@@ -316,6 +317,7 @@ class _World:
             push_sender=sender,
             cancel_grace_period=self.plan.grace_period,
             replica_poll_interval=poll,  # A run looks at every point: the probe sees to it.
+            probe=probe,
         )
 
     @property
@@ -335,7 +337,7 @@ class _World:
 
     def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=loop, **kwargs)
-        if checkpoints._current_run.get() is not None and not _ours(coro):
+        if checkpoints.current_run() is not None and not _ours(coro):
             self.owned.add(task)  # Started by the executor's own code, inside a run.
         return task
 
@@ -592,7 +594,7 @@ class _TrackedPool(concurrent.futures.ThreadPoolExecutor):
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         work = super().submit(fn, *args, **kwargs)
-        if checkpoints._current_run.get() is not None:
+        if checkpoints.current_run() is not None:
             self.works.append(work)
         return work
 
