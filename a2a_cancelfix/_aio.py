@@ -25,6 +25,12 @@ T = TypeVar("T")
 _background: set[asyncio.Future[Any]] = set()
 
 
+def suspended_on(task: asyncio.Task[Any]) -> object | None:
+    """The future a suspended task waits for; None while it runs or is about to."""
+    # asyncio.Task keeps it as _fut_waiter, in its C and Python versions: CPython 3.10-3.13.
+    return getattr(task, "_fut_waiter", None)
+
+
 def keep(work: Awaitable[T]) -> asyncio.Future[T]:
     """Run ``work`` in the background, referenced until it ends; its failure is logged."""
     task = asyncio.ensure_future(work)

@@ -125,16 +125,25 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def on_message_send(  # type: ignore[override]
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
-        """Send a message, as the SDK does; a task that ended or is being canceled refuses it."""
+        """Send a message, as the SDK does; a task that ended or is being canceled refuses it,
+        as does one that ended before a follow-up it had accepted was processed."""
         _sdk.check_required_fields(params)
         if self._remote.must_listen:
             self._remote.listen()
-        if params.message.task_id:
-            await self._refuse_if_ended(params, context)
-        try:
+        if not params.message.task_id:
             return await _sdk_send(self, params, context)
+        await self._refuse_if_ended(params, context)
+        lifecycle, message_id = self._lifecycle, params.message.message_id
+        lifecycle.follow_up_accepted(message_id)
+        try:
+            result = await _sdk_send(self, params, context)
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
+        finally:
+            unprocessed = lifecycle.follow_up_unprocessed(message_id)
+        if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
+            raise _ended_first(params, result.status.state)
+        return result
 
     @_telemetry.traced_as_sdk
     async def on_message_send_stream(  # type: ignore[override]
@@ -145,14 +154,19 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_streaming(self)
         if self._remote.must_listen:
             self._remote.listen()
+        lifecycle, message_id = self._lifecycle, params.message.message_id
         if params.message.task_id:
             await self._refuse_if_ended(params, context)
+            lifecycle.follow_up_accepted(message_id)
         events = _sdk_stream(self, params, context)
         drained = False
         try:
             async for event in events:
+                state = _sdk.terminal_state(event)
+                if state is not None and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
+                    raise _ended_first(params, state)
                 yield event
-                if _sdk.terminal_state(event) is None:
+                if state is None:
                     continue
                 # The spec ends the stream here. The SDK's own stream ends as the run closes:
                 # it is read to there (closing it instead would leave its inner stream to the
@@ -167,6 +181,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         finally:
+            if params.message.task_id:
+                lifecycle.follow_up_unprocessed(message_id)
             if not drained:
                 await events.aclose()
 
@@ -233,6 +249,19 @@ async def _drain(events: AsyncGenerator[Any, None]) -> None:
 
 def _task_id_of(event: Any) -> str:
     return event.id if isinstance(event, Task) else event.task_id
+
+
+def _ended_without_it(state: int) -> bool:
+    """Whether a task's end tells a follow-up's sender nothing of its message: a cancel that
+    raced it does (its sender sees CANCELED); an end the task reached before it was run does not."""
+    return state != _sdk.CANCELED
+
+
+def _ended_first(params: SendMessageRequest, state: int) -> UnsupportedOperationError:
+    return UnsupportedOperationError(
+        message=f"Task {params.message.task_id} reached {_sdk.state_name(state)} before this message "
+        "was processed; it was not processed"
+    )
 
 
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:

@@ -35,7 +35,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, wait_patiently
+from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on, wait_patiently
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
 from a2a_cancelfix.replicas import RemoteCancels
@@ -119,6 +119,19 @@ class Work:
         self.settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
         self.interrupted = False
         self.abandoned = False
+        # The await the work was suspended at when the cancel came (None: it was running).
+        self.found_at: object | None = None
+
+    def signalled(self) -> None:
+        """The cancel has come: note where the work waits, to tell later whether it moved."""
+        if self.runner is not None:
+            self.found_at = suspended_on(self.runner)
+
+    @property
+    def moved(self) -> bool:
+        """Whether the work has resumed since the cancel came, and so may be cleaning up."""
+        assert self.runner is not None
+        return self.found_at is not None and suspended_on(self.runner) is not self.found_at
 
     async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
         """Run the work in this task, inside the run's scope; a cancel of the task ends it normally."""
@@ -168,7 +181,10 @@ class Work:
     async def stop(self, deadline: float, name: str) -> None:
         """Let a shielded section finish, interrupt the work unless it already unwinds, wait.
 
-        All by ``deadline``; past it, the work is abandoned: nothing it enqueues goes in.
+        Only work still suspended where the cancel found it is interrupted at once: work that
+        resumed since (an ``on_cancel`` callback aborted its call, say) may be releasing what
+        it holds, and is interrupted only at ``deadline``. Past it, the work is abandoned:
+        nothing it enqueues goes in.
         """
         if self.ended.given or self.abandoned or self.runner is None:
             return
@@ -182,9 +198,12 @@ class Work:
                     self.run.task_id,
                     _where(self.runner),
                 )
-        if not self.ended.given and not self.run.unwinding:
+        if not self.ended.given and not self.run.unwinding and not self.moved:
             self._interrupt()
-        if not await self.ended.wait(deadline):
+        if not await self.ended.wait(deadline) and not self.interrupted:
+            self._interrupt()  # It moved on, but has not ended within the grace period.
+            await self.ended.wait(deadline)  # The one loop turn it gets to end in.
+        if not self.ended.given:
             self.abandoned = True
             self._settle()
             logger.warning(
@@ -304,6 +323,7 @@ class Cancellation:
         dropped = drop_backlog(queue)
         _log_dropped(self.task_id, dropped)
         if self.work is not None:
+            self.work.signalled()
             self.work.run.cancel(self.reason)
         self.reach(Step.SIGNALLED)
         _telemetry.step(self.span, "callbacks_fired", dropped=sum(dropped.values()))
@@ -428,6 +448,8 @@ class Lifecycle:
         # Tasks whose run returned without ending them (parked, most likely), with the caller
         # that ran them: nothing runs here to notice a cancel another replica records.
         self.parked: dict[str, ServerCallContext] = {}
+        # Follow-up messages accepted for a running task that no run has taken yet, by id.
+        self._follow_ups: set[str] = set()
         self.remote = None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval)
 
     # The origins.
@@ -521,9 +543,22 @@ class Lifecycle:
 
     # The runs.
 
+    def follow_up_accepted(self, message_id: str) -> None:
+        """A message to an existing task is handed to the SDK: it waits for a run to take it."""
+        self._follow_ups.add(message_id)
+
+    def follow_up_unprocessed(self, message_id: str) -> bool:
+        """Forget a follow-up; whether no run has taken it (its task ended first)."""
+        if message_id in self._follow_ups:
+            self._follow_ups.discard(message_id)
+            return True
+        return False
+
     def start(self, context: RequestContext, queue: EventQueue) -> Work:
         """A run of ``execute()`` begins: its scope, watching for remote cancels if any can come."""
         task_id = context.task_id or ""
+        if self._follow_ups and context.message is not None:
+            self._follow_ups.discard(context.message.message_id)  # Taken: this run processes it.
         if self.parked:
             self.parked.pop(task_id, None)  # Running again: the run looks for itself.
         remote = self.remote

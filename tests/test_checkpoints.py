@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import threading
@@ -374,3 +375,58 @@ def test_public_names_are_few_and_sorted() -> None:
     assert a2a_cancelfix.__all__ == sorted(a2a_cancelfix.__all__)
     assert len(a2a_cancelfix.__all__) <= 11
     assert a2a_cancelfix.__version__
+
+
+class ReleasingExecutor(ScriptedExecutor):
+    """Holds a claim around its step whose release awaits I/O, as the README's pattern does.
+
+    Its step is stopped by an ``on_cancel`` callback aborting the in-flight call, by a checkpoint
+    in its loop, or by the framework's interrupt of a plain await.
+    """
+
+    def __init__(self, stopped_by: str, cancel: str | None, release: float) -> None:
+        super().__init__(cancel=cancel)
+        self.stopped_by, self.release = stopped_by, release
+        self.claim_released = False
+        self.release_cut = False
+
+    @contextlib.asynccontextmanager
+    async def claim(self):
+        try:
+            yield
+        finally:
+            try:
+                await asyncio.sleep(self.release)  # The release's own I/O.
+            except asyncio.CancelledError:
+                self.release_cut = True
+                raise
+            self.claim_released = True
+
+    async def _work_step(self) -> None:
+        async with self.claim():
+            self.step.reached.set()
+            if self.stopped_by == "on_cancel":
+                call = asyncio.ensure_future(asyncio.Event().wait())  # An in-flight LLM call.
+                on_cancel(call.cancel)
+                await call
+            elif self.stopped_by == "checkpoint":
+                while True:
+                    await checkpoint()
+                    await asyncio.sleep(0.005)  # A slice of real work.
+            else:
+                await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("release", [0.02, 0.08])
+@pytest.mark.parametrize("cancel_mode", [None, "io", "publish"], ids=["empty", "io", "publish"])
+@pytest.mark.parametrize("stopped_by", ["on_cancel", "checkpoint", "plain await"])
+@pytest.mark.asyncio
+async def test_cleanup_the_work_has_begun_runs_to_its_end(stopped_by: str, cancel_mode: str | None, release: float) -> None:
+    """However the work is stopped, a release it has begun in ``__aexit__`` is not interrupted:
+    the framework interrupts only a run still suspended where the cancel found it."""
+    server = make_server("ours", ReleasingExecutor(stopped_by, cancel_mode, release))
+    await start(server)
+    executor = server.executor
+    assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
+    assert not executor.release_cut
+    assert executor.claim_released

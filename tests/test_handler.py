@@ -11,6 +11,7 @@ from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
     TaskNotCancelableError,
+    UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError
 
@@ -405,3 +406,37 @@ async def test_a_loop_running_late_does_not_force_a_run_the_sdk_is_recording(
     assert saving.reached.is_set()
     assert await within(stream.ended()) and stream.last == "CANCELED"
     assert not [r for r in caplog.records if "did not record a terminal state" in r.getMessage()]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["blocking", "streamed"])
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_follow_up_the_task_ended_before_processing_is_refused_not_dropped(kind: str, streamed: bool) -> None:
+    """A follow-up accepted while the task works, whose task then completes: stock runs
+    ``execute()`` again on the COMPLETED task; ours never reports success for a message nobody
+    processed: its sender gets UnsupportedOperationError, and the task stays COMPLETED."""
+    server = make_server(kind, ScriptedExecutor())
+    first = await start(server)
+    executor = server.executor
+    request = SendMessageRequest(message=message("and then?", executor.task_id))
+    if streamed:
+        follow_up = Stream(server.calls.send_stream(request, "alice"))
+    else:
+        answer = asyncio.ensure_future(server.calls.send(request, "alice"))
+    await wait_all_tasks_blocked()  # Accepted, and queued behind the run.
+    executor.step.open()
+    await within(first.ended())
+    if kind == "stock":
+        if streamed:
+            await within(follow_up.ended())
+        else:
+            await within(answer)
+        assert executor.runs == 2  # Its execute() ran for a task that had completed.
+        return
+    with pytest.raises(UnsupportedOperationError, match="before this message was processed"):
+        if streamed:
+            await within(follow_up.ended())
+            raise follow_up.error  # type: ignore[misc]
+        await within(answer)
+    assert executor.runs == 1
+    assert await stored(server, executor.task_id) == "COMPLETED"
