@@ -10,6 +10,7 @@ from a2a_cancelfix.checkpoints import (
 )
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
+from a2a_cancelfix.patching import patch, unpatch
 from a2a_cancelfix.store import FinalStateTaskStore
 
 DefaultRequestHandlerV2 = DefaultRequestHandler
@@ -24,7 +25,9 @@ __all__ = [
     "cancellable",
     "checkpoint",
     "on_cancel",
+    "patch",
     "shielded",
+    "unpatch",
 ]
 
 

@@ -218,6 +218,11 @@ async def live_task(handler: DefaultRequestHandlerV2, task_id: str) -> ActiveTas
     return active
 
 
+def streams_remote_tasks(handler: DefaultRequestHandlerV2) -> bool:
+    """Whether the handler streams tasks that other replicas run (upstream's cluster mode)."""
+    return getattr(handler, "_event_stream", None) is not None  # 1.2.0+: its TaskEventStream
+
+
 async def has_run(handler: DefaultRequestHandlerV2, task_id: str) -> bool:
     """Whether the handler's registry still holds a run of ``task_id``, finished or not."""
     return SUPPORTED and await handler._active_task_registry.get(task_id) is not None

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from a2a.server.agent_execution import AgentExecutor
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandlerV2
+from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
     Message,
@@ -26,7 +27,9 @@ from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import keep
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.executor import CancellableExecutor
-from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, DEFAULT_POLL_INTERVAL, Lifecycle, Settings
+from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, Lifecycle, Settings
+from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
+from a2a_cancelfix.store import FinalStateTaskStore
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -83,13 +86,17 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.warn_if_unsupported()
         if isinstance(agent_executor, CancellableExecutor):
             agent_executor = agent_executor.__wrapped__
-        store = _SDK_INIT.bind(self, agent_executor, *args, **kwargs).arguments.get("task_store")
-        self._lifecycle = Lifecycle(agent_executor, settings, handler=self, store=store, probe=probe)
+        arguments = _SDK_INIT.bind(self, agent_executor, *args, **kwargs)
+        given = arguments.arguments.get("task_store")
+        store = arguments.arguments["task_store"] = _guarded(given)
+        solo = given if type(given) is InMemoryTaskStore else None  # Exactly the SDK's (see replicas).
+        self._lifecycle = Lifecycle(agent_executor, settings, handler=self, store=store, solo=solo, probe=probe)
+        arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         # What the SDK warns of here (no event_stream, a queue_manager) is about the caller's
         # arguments: said again at the caller's line, not at this one.
         with warnings.catch_warnings(record=True) as raised:
             warnings.simplefilter("always")
-            super().__init__(CancellableExecutor._of(self._lifecycle), *args, **kwargs)
+            _sdk_init(*arguments.args, **arguments.kwargs)
         for warning in raised:
             warnings.warn(warning.message, warning.category, stacklevel=2)
         remote = self._lifecycle.remote
@@ -117,9 +124,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def aclose(self) -> None:
         """Stop hearing notices; on a2a-sdk 1.3+, then shut down as the SDK does."""
         await self._remote.aclose()
-        sdk_close = getattr(super(), "aclose", None)  # 1.3.0
-        if sdk_close is not None:
-            await sdk_close()
+        if _sdk_close is not None:
+            await _sdk_close(self)
 
     @_telemetry.traced_as_sdk
     async def on_message_send(  # type: ignore[override]
@@ -194,7 +200,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Subscribe to a task the caller owns; anyone else gets ``TaskNotFoundError``.
 
         A terminal task has nothing more to stream: ``UnsupportedOperationError``, as the SDK
-        says from 1.2.0, checked before the SDK would set up (and leak) a run for it.
+        says from 1.2.0, checked before the SDK would set up (and leak) a run for it. A task no
+        run here feeds (it runs on another replica, outside upstream's cluster mode) is served
+        from the store until it ends, where the SDK would set up a run that never ends.
         """
         _sdk.check_streaming(self)
         task = await self._lifecycle.read(params.id, context)
@@ -204,7 +212,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise UnsupportedOperationError(
                 message=f"Task {task.id} is in terminal state {_state_name(task)}"
             )
-        async for event in _until_terminal(_sdk_subscribe(self, params, context)):
+        if _sdk.SUPPORTED and not _sdk.streams_remote_tasks(self) and await _sdk.live_task(self, task.id) is None:
+            events = self._remote.follow(task, context)
+        else:
+            events = _sdk_subscribe(self, params, context)
+        async for event in _until_terminal(events):
             yield event
 
     async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
@@ -274,5 +286,19 @@ def _state_name(task: Task) -> str:
     return _sdk.state_name(task.status.state)
 
 
-# The SDK's constructor, to find the task store among the arguments it is given.
-_SDK_INIT = inspect.signature(DefaultRequestHandlerV2.__init__)
+def _guarded(store: Any) -> Any:
+    """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet."""
+    # Exactly the SDK's: the guard writes through their insides, past a subclass's own save.
+    if isinstance(store, FinalStateTaskStore):
+        return store
+    if type(store) in (InMemoryTaskStore, DatabaseTaskStore) or _sdk.is_versioned_database_store(store):
+        return FinalStateTaskStore(store)
+    return store  # Guarded already, or a store whose guard would be a read then a write, a race.
+
+
+# The SDK's own constructor and shutdown, as the SDK defines them: ours call them, also once
+# `a2a_cancelfix.patch()` has put ours in their place on the SDK's class.
+_sdk_init = DefaultRequestHandlerV2.__init__
+_sdk_close = getattr(DefaultRequestHandlerV2, "aclose", None)  # 1.3.0
+# The SDK's constructor's parameters, to find the task store among the arguments it is given.
+_SDK_INIT = inspect.signature(_sdk_init)

@@ -38,7 +38,7 @@ from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on, wait_patiently
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
-from a2a_cancelfix.replicas import RemoteCancels
+from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL, RemoteCancels
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("a2a_cancelfix")
 
 DEFAULT_GRACE_PERIOD = 5.0
-DEFAULT_POLL_INTERVAL = 1.0
 # Time past a cancel's deadline for the SDK to record its terminal state and close the run.
 MARGIN = 1.0
 # How far a loop's own lateness may stretch the margin (see Cancellation.settled).
@@ -129,9 +128,14 @@ class Work:
 
     @property
     def moved(self) -> bool:
-        """Whether the work has resumed since the cancel came, and so may be cleaning up."""
+        """Whether the work has resumed since the cancel came (or is about to), and so may be
+        cleaning up."""
         assert self.runner is not None
-        return self.found_at is not None and suspended_on(self.runner) is not self.found_at
+        if self.found_at is None:
+            return False
+        waiting = suspended_on(self.runner)
+        # Still there, but what it waits for is done: it resumes next, past that await.
+        return waiting is not self.found_at or self.found_at.done()  # type: ignore[attr-defined]
 
     async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
         """Run the work in this task, inside the run's scope; a cancel of the task ends it normally."""
@@ -337,9 +341,9 @@ class Cancellation:
             publish_first: publish CANCELED before ``cancel()`` runs: for a parked task under
                 the SDK's stock handler, which closes the run's queue on its own.
         """
-        self.signal(queue)
         publisher = _CancelQueue(queue, context)
         if publish_first:
+            self.signal(queue)
             await self._publish(publisher)
         self.call_cancel(context, publisher)
         await self.cancel_returned()
@@ -353,9 +357,13 @@ class Cancellation:
         self.done.give()
 
     def call_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
-        """Start the executor's ``cancel()`` (step 3), once, cut off at the deadline."""
+        """Signal the run and call the executor's ``cancel()`` (steps 2 and 3), once, in a task
+        of its own that outlives whoever waits for it, cut off at the deadline.
+
+        Both in that task's first step, with nothing in between: the work cannot notice the
+        cancel (a checkpoint that raises, a ``finally`` that runs) before ``cancel()`` is called.
+        """
         if self._call is None:
-            self.reach(Step.CALLING)
             self._call = asyncio.ensure_future(self._run_cancel(context, queue))
             timers = deadlines()
             cut_off = timers.at(self.deadline, self._cut_off)
@@ -366,6 +374,8 @@ class Cancellation:
         await self._returned.wait(self.deadline)
 
     async def _run_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
+        self.signal(queue.__wrapped__)
+        self.reach(Step.CALLING)
         try:
             await self.lifecycle.executor.cancel(context, queue)
             _telemetry.step(self.span, "cancel_returned")
@@ -423,6 +433,7 @@ class Lifecycle:
         settings: the options, checked.
         handler: our handler (the SDK's class), or None under the stock handler.
         store: the task store given to ``handler``.
+        solo: the bare ``InMemoryTaskStore`` the user gave, if so (see `RemoteCancels`).
         probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
 
@@ -433,6 +444,7 @@ class Lifecycle:
         *,
         handler: DefaultRequestHandlerV2 | None = None,
         store: Any = None,
+        solo: Any = None,
         probe: Probe | None = None,
     ) -> None:
         self.executor = executor
@@ -450,7 +462,9 @@ class Lifecycle:
         self.parked: dict[str, ServerCallContext] = {}
         # Follow-up messages accepted for a running task that no run has taken yet, by id.
         self._follow_ups: set[str] = set()
-        self.remote = None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval)
+        self.remote = (
+            None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
+        )
 
     # The origins.
 

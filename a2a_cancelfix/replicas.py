@@ -14,23 +14,27 @@ import contextlib
 import logging
 import math
 import weakref
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
-from a2a.types import Task
+from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix._aio import keep
+from a2a_cancelfix._aio import keep, wait_set
 from a2a_cancelfix.notices import keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
 
 if TYPE_CHECKING:
+    from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers import DefaultRequestHandlerV2
 
     from a2a_cancelfix.lifecycle import Lifecycle
 
 logger = logging.getLogger("a2a_cancelfix")
+
+DEFAULT_POLL_INTERVAL = 1.0
 
 # The handlers of each InMemoryTaskStore. Such a store lives in this process: while one
 # handler has it, no cancel can be recorded elsewhere and its runs never look (no read, no
@@ -58,10 +62,17 @@ class RemoteCancels:
         handler: our handler, whose store is read and whose runs are found.
         store: the task store the handler was given.
         poll: seconds between two polls while no notices are heard; None never polls.
+        solo: the bare ``InMemoryTaskStore`` the handler was given, which lives in this process:
+            its runs look only once a second handler shares it.
     """
 
     def __init__(
-        self, lifecycle: Lifecycle, handler: DefaultRequestHandlerV2, store: Any, poll: float | None
+        self,
+        lifecycle: Lifecycle,
+        handler: DefaultRequestHandlerV2,
+        store: Any,
+        poll: float | None,
+        solo: InMemoryTaskStore | None = None,
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
         self.watching = False
@@ -70,8 +81,8 @@ class RemoteCancels:
             store.on_final.append(self.noticed)
         self.poll = self.interval = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
-            if type(store) is InMemoryTaskStore:  # Exactly the SDK's: a subclass may keep tasks elsewhere.
-                peers = _sharing.setdefault(store, weakref.WeakSet())
+            if solo is not None:
+                peers = _sharing.setdefault(solo, weakref.WeakSet())
                 peers.add(self)
                 if len(peers) > 1:
                     for peer in peers:
@@ -79,6 +90,8 @@ class RemoteCancels:
             else:
                 self._watch()
         self._parked_looks: asyncio.TimerHandle | None = None
+        # Subscriptions served from the store here, by task: each is woken by a notice.
+        self._followers: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Future[None] | None = None
         # Whether `listen` has something to start: read for every message, a call is not.
         self.must_listen = self.notices is not None
@@ -90,6 +103,8 @@ class RemoteCancels:
 
     def noticed(self, task_id: str) -> None:
         """Another replica may have ended ``task_id``: its run or parked task here looks now."""
+        for woken in self._followers.get(task_id, ()):
+            woken.set()
         lifecycle = self.lifecycle
         if task_id in lifecycle.cancellations:
             return
@@ -98,6 +113,35 @@ class RemoteCancels:
             keep(work.run.look())  # Finding CANCELED, it cancels the run here.
         elif task_id in lifecycle.parked:
             keep(self._look_at_parked(task_id))
+
+    async def follow(self, task: Task, caller: ServerCallContext) -> AsyncGenerator[Any, None]:
+        """Serve a subscription to a task no run here feeds, from the store, until it ends.
+
+        The task first, then its status each time the stored one changes: read once per poll
+        interval (the default one if polling is off), and at once when a notice names it.
+        Ends after a terminal state, or when the caller can no longer read the task.
+        """
+        woken = asyncio.Event()
+        followers = self._followers.setdefault(task.id, set())
+        followers.add(woken)
+        interval = self.poll if self.poll != math.inf else DEFAULT_POLL_INTERVAL
+        loop = asyncio.get_running_loop()
+        try:
+            yield task
+            status = task.status
+            while status.state not in _sdk.TERMINAL_STATES:
+                await wait_set(woken, loop.time() + interval)
+                woken.clear()
+                stored = await _sdk.read_task(self.handler, task.id, caller)
+                if stored is None:
+                    return
+                if stored.status != status:
+                    status = stored.status
+                    yield TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=status)
+        finally:
+            followers.discard(woken)
+            if not followers and self._followers.get(task.id) is followers:
+                del self._followers[task.id]
 
     def listen(self) -> None:
         """Hear the store's notices from the first message on, for as long as the loop runs."""
@@ -181,7 +225,11 @@ class RemoteCancels:
             logger.warning("could not read parked task %s to look for a remote cancel", task_id, exc_info=True)
             return
         if parked.get(task_id) is not caller:
-            return  # Resumed or cancelled here meanwhile: that run or cancel sees to it.
+            # Resumed or cancelled here meanwhile. A resumed run looks no sooner than its next
+            # poll (never, while notices are heard): what this look found is passed on to it.
+            if stored is not None and stored.status.state == _sdk.CANCELED:
+                self.noticed(task_id)
+            return
         if stored is None or stored.status.state not in _sdk.TERMINAL_STATES:
             return  # Still parked; or parked here before the store has saved it (so).
         del parked[task_id]

@@ -8,6 +8,7 @@ what the stock handler and store do on the same setup, then what ours do.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -91,13 +92,21 @@ async def versioned(database: Database, kind: str) -> tuple[Any, Any]:
 
 
 async def replica(database: Database, kind: str, executor: ScriptedExecutor, **options: Any) -> Server:
-    """A replica of ``kind`` over ``database``: its versioned store and journal-tailing event stream."""
-    store, _ = await versioned(database, kind)
+    """A replica of ``kind`` over ``database``: its versioned store and journal-tailing event stream.
+
+    Ours is given the SDK's store as stock is, as upstream's own set-up reads with only the
+    handler's import swapped; its ``store`` is the guard the handler put around it.
+    """
+    _, sdk_store = await versioned(database, kind)
     stream = DatabaseTaskEventStream(database.engine(), poll_interval_s=JOURNAL_POLL)
     await stream.initialize()
-    if kind == "ours":
-        options.setdefault("cancel_grace_period", BOUND)
-    return make_server(kind, executor, store=store, event_stream=stream, **options)
+    if kind == "stock":
+        return make_server(kind, executor, store=sdk_store, event_stream=stream, **options)
+    # Only the handler's class swapped: it guards the SDK's store itself.
+    options.setdefault("cancel_grace_period", BOUND)
+    server = make_server(kind, executor, store=sdk_store, event_stream=stream, **options)
+    assert isinstance(server.handler.task_store, FinalStateTaskStore)
+    return dataclasses.replace(server, store=server.handler.task_store)
 
 
 def status(task: Task) -> TaskStatusUpdateEvent:

@@ -71,7 +71,7 @@ async def _round(server, count: int) -> set[str]:
 
 async def _forget_stored_tasks(server) -> None:
     """Delete the finished tasks: the store keeps them by design, which is not a leak."""
-    for task_id in list(_sdk.memory_tasks(server.store).tasks.get("alice", {})):
+    for task_id in list(_sdk.memory_tasks(server.store.wrapped).tasks.get("alice", {})):
         await server.store.delete(task_id, caller())
 
 

@@ -298,3 +298,56 @@ async def test_cancel_runs_before_the_work_unwinds_on_every_path(where: str) -> 
     await within(a.executor.stopped.wait())
     await eventually(lambda: "finally" in a.executor.order)
     assert a.executor.order == ["cancel", "finally"]
+
+
+@pytest.mark.parametrize("end", ["canceled", "completed"])
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_subscription_where_the_task_does_not_run_ends_with_it(kind: str, end: str) -> None:
+    """SubscribeToTask on replica B while A runs the task: stock sets up a run on B that nothing
+    feeds, so the stream never ends and the run stays; ours serves it from the store and ends it
+    on the state A stored, leaving nothing behind on B."""
+    options = {"replica_poll_interval": 0.01} if kind == "ours" else {}
+    store = FinalStateTaskStore(InMemoryTaskStore())
+    a = make_server(kind, ScriptedExecutor(), store=store, **options)
+    b = make_server(kind, ScriptedExecutor(), store=store, **options)
+    await start(a)
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(b.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: subscriber.last == "WORKING")
+    if end == "canceled":
+        answer = await within(cancel(a, task_id))
+        assert kind == "stock" or answer == "CANCELED"  # Stock answers WORKING up to 1.1.3.
+    else:
+        a.executor.step.open()
+        await within(a.executor.completed.wait())
+    if kind == "stock":
+        await wait_all_tasks_blocked()  # Nothing of B's is waiting for a timer: it never ends.
+        assert not subscriber.task.done() and _sdk.run_count(b.handler) == 1
+        subscriber.task.cancel()
+        return
+    assert await subscriber.ended() and subscriber.last == end.upper(), (subscriber.events, subscriber.error)
+    assert _sdk.run_count(b.handler) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_noticed_while_a_parked_task_resumes_reaches_the_resumed_run() -> None:
+    """Nothing polls (as while notices are heard). A notice makes A look at its parked task;
+    a follow-up resumes it while the look reads; B records CANCELED before the read returns.
+    What the look found reaches the resumed run: its stream ends CANCELED, cancel() is called."""
+    from .test_lifecycle import HeldStore
+
+    store = HeldStore(FinalStateTaskStore(InMemoryTaskStore()))
+    a = make_server("ours", ScriptedExecutor(park=True), store=store, replica_poll_interval=3600)
+    b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=3600)
+    await start(a)
+    task_id = a.executor.task_id or ""
+    held = store.hold_next_read()
+    a.handler._remote.noticed(task_id)  # As a notice would.
+    await within(held.reached.wait())  # The look reads the store ...
+    resumed = Stream(a.calls.send_stream(SendMessageRequest(message=message("more", task_id)), "alice"))
+    await within(a.executor.step.reached.wait())  # ... while a follow-up resumes the task here,
+    assert await within(cancel(b, task_id)) == "CANCELED"  # ... and B cancels it.
+    held.open()
+    assert await resumed.ended() and resumed.last == "CANCELED"
+    assert a.executor.cancel_called.is_set()

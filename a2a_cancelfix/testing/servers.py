@@ -235,7 +235,8 @@ def make_server(
         if kind == "wrapped":
             arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)
         handler = DefaultRequestHandlerV2(**arguments)
-    return Server(handler, executor, store, receiver, Calls(handler))
+    # The store the handler saves to: ours guards the one it is given.
+    return Server(handler, executor, handler.task_store, receiver, Calls(handler))
 
 
 class Bench:

@@ -1,0 +1,148 @@
+"""`patch()`: handlers that someone else builds, of the SDK's class or a subclass of it, get ours."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from a2a.server.request_handlers import DefaultRequestHandler as SDKHandler
+from a2a.server.request_handlers import DefaultRequestHandlerV2
+from a2a.server.tasks import InMemoryTaskStore
+
+import a2a_cancelfix
+from a2a_cancelfix import _sdk
+from a2a_cancelfix.scenarios import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Server, cancel, make_server, start, within
+
+ids = [scenario.name for scenario in SCENARIOS]
+
+
+class FrameworkHandler(DefaultRequestHandlerV2):
+    """A subclass a framework defines at import, before anyone could patch (as a2a-lite does)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.framework = True
+
+
+@pytest.fixture
+def patched() -> Iterator[None]:
+    a2a_cancelfix.patch(cancel_grace_period=GRACE)
+    try:
+        yield
+    finally:
+        a2a_cancelfix.unpatch()
+
+
+def served(handler: DefaultRequestHandlerV2, executor: ScriptedExecutor) -> Server:
+    """A server of the testing kit around a handler built by someone else."""
+    server = make_server("stock", executor)
+    return Server(handler, executor, handler.task_store, server.push, type(server.calls)(handler))
+
+
+async def stream_after_cancel(server: Server) -> str:
+    """Cancel mid-run, with an empty ``cancel()``: how the sender's stream ends (stock: WORKING)."""
+    stream = await start(server)
+    await within(cancel(server, server.executor.task_id))
+    assert await stream.ended()
+    return stream.last
+
+
+def arguments(executor: ScriptedExecutor) -> dict:
+    card = make_server("stock", executor).handler._agent_card
+    return dict(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+
+
+@pytest.mark.asyncio
+async def test_a_subclass_defined_before_patch_gets_ours(patched: None) -> None:
+    """A framework's subclass of the SDK's handler, defined at import, cancels as ours does."""
+    executor = ScriptedExecutor()
+    handler = FrameworkHandler(**arguments(executor))
+    assert handler.framework and handler.cancel_grace_period == GRACE
+    assert await stream_after_cancel(served(handler, executor)) == "CANCELED"
+
+
+@pytest.mark.asyncio
+async def test_a_handler_a_helper_module_builds_gets_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that imported the SDK's class by name before patch() builds ours after it."""
+    (tmp_path / "builds_handlers.py").write_text(
+        "from a2a.server.request_handlers import DefaultRequestHandler\n\n"
+        "def build(**arguments):\n"
+        "    return DefaultRequestHandler(**arguments)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builds_handlers  # type: ignore[import-not-found]
+
+    a2a_cancelfix.patch(cancel_grace_period=GRACE)
+    try:
+        executor = ScriptedExecutor()
+        handler = builds_handlers.build(**arguments(executor))
+        assert await stream_after_cancel(served(handler, executor)) == "CANCELED"
+    finally:
+        a2a_cancelfix.unpatch()
+        sys.modules.pop("builds_handlers")
+
+
+@pytest.mark.asyncio
+async def test_unpatch_restores_the_sdks_own_handler() -> None:
+    """After unpatch(), the SDK's class is its own again: its stream ends on WORKING."""
+    a2a_cancelfix.patch(cancel_grace_period=GRACE)
+    a2a_cancelfix.unpatch()
+    assert all(
+        getattr(DefaultRequestHandlerV2, name) is getattr(SDKHandler, name)
+        for name in ("__init__", "on_cancel_task", "on_message_send_stream")
+    )
+    executor = ScriptedExecutor()
+    handler = DefaultRequestHandlerV2(**arguments(executor))
+    assert not hasattr(handler, "cancel_grace_period")
+    assert await stream_after_cancel(served(handler, executor)) == "WORKING"
+
+
+@pytest.mark.asyncio
+async def test_a_handler_built_before_patch_keeps_the_sdks_behaviour() -> None:
+    """patch() changes the handlers built after it: one built before stays the SDK's, unbroken."""
+    executor = ScriptedExecutor()
+    before = DefaultRequestHandlerV2(**arguments(executor))
+    a2a_cancelfix.patch(cancel_grace_period=GRACE)
+    try:
+        assert await stream_after_cancel(served(before, executor)) == "WORKING"
+    finally:
+        a2a_cancelfix.unpatch()
+
+
+def test_patch_is_idempotent_checks_its_options_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Twice is once, logged once with the SDK's release; bad options fail at the call; unpatch twice is fine."""
+    with pytest.raises(ValueError, match="cancel_grace_period"):
+        a2a_cancelfix.patch(cancel_grace_period=0)
+    with pytest.raises(TypeError, match="grace"):
+        a2a_cancelfix.patch(grace=1.0)
+    assert DefaultRequestHandlerV2.__init__ is SDKHandler.__init__
+    with caplog.at_level(logging.INFO, logger="a2a_cancelfix"):
+        a2a_cancelfix.patch()
+        init = DefaultRequestHandlerV2.__init__
+        a2a_cancelfix.patch()
+        assert DefaultRequestHandlerV2.__init__ is init
+        a2a_cancelfix.unpatch()
+        a2a_cancelfix.unpatch()
+    patched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("a2a_cancelfix patched")]
+    assert len(patched) == 1 and _sdk.SDK_VERSION in patched[0]
+
+
+def test_an_unknown_sdk_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the SDK's internals are not found, patch() warns once and changes nothing."""
+    monkeypatch.setattr(_sdk, "SUPPORTED", False)
+    monkeypatch.setattr(_sdk, "MISSING", ["ActiveTask._is_finished"])
+    init = DefaultRequestHandlerV2.__init__
+    with pytest.warns(RuntimeWarning, match="untouched"):
+        a2a_cancelfix.patch()
+    assert DefaultRequestHandlerV2.__init__ is init
+    a2a_cancelfix.unpatch()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=ids)
+def test_the_sdks_own_handler_holds_the_contract_under_patch(scenario: Scenario, patched: None) -> None:
+    """Every scenario, run on the SDK's own handler class over the wire, ends as ours does."""
+    assert run_scenario(scenario, "stock") == scenario.expected
