@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         help="exit 3 once stock a2a-sdk passes every scenario: a CI job on upgrade day fails to say "
         "a2a-cancelfix can be removed",
     )
+    check.add_argument(
+        "--repro",
+        metavar="SCENARIO",
+        help="print a standalone script (a2a-sdk only) that reproduces a scenario stock fails, for "
+        "an upstream bug report; exit 2 if stock passes it",
+    )
     demo = commands.add_parser("demo", help="serve a demo A2A agent to cancel by hand")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
@@ -63,9 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.CRITICAL)
     from a2a_cancelfix import check as report
 
+    if arguments.repro is not None:
+        return _repro(arguments.repro)
     rows = report.run_all()
     print(report.as_json(rows) if arguments.json else report.render(rows))
     return report.exit_status(rows, fail_when_removable=arguments.fail_when_removable)
+
+
+def _repro(name: str) -> int:
+    """``check --repro``: print the scenario's script, or say why there is none (exit 2)."""
+    from a2a_cancelfix import check, repro
+
+    try:
+        print(repro.script_for(name))
+    except repro.NoRepro as reason:
+        print(f"a2a-cancelfix check --repro: {reason}", file=sys.stderr)
+        return check.USAGE
+    return 0
 
 
 def _kit(arguments: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ def run_all() -> list[Row]:
 EXIT_CODES = {
     0: "our handler holds every scenario that ran",
     1: "our handler fails a scenario: please report it",
-    2: "usage error",
+    2: "usage error; or --repro has no script: unknown scenario, stock passes it, or it cannot run here",
     3: "with --fail-when-removable: stock a2a-sdk passes every scenario, so a2a-cancelfix can go",
 }
 OURS_FAIL, USAGE, REMOVABLE = 1, 2, 3
@@ -69,14 +69,17 @@ def verdict(rows: list[Row]) -> str:
     ran = [row for row in rows if row.ran]
     if ours_fail:
         lines = [f"a2a-cancelfix does NOT fix every scenario on a2a-sdk {SDK_VERSION}: please report it."]
-        lines += [f"  - {row.scenario}: ours {row.outcomes['ours']}, expected {row.expected}" for row in ours_fail]
+        lines += [
+            f"  - {row.scenario}: ours {row.outcomes['ours']}, expected {row.expected}" for row in ours_fail
+        ]
     elif stock_fails:
         lines = [
             f"a2a-sdk {SDK_VERSION} still needs a2a-cancelfix: the stock handler fails "
             f"{len(stock_fails)} of the {len(ran)} scenarios that ran:"
         ]
         lines += [
-            f"  - {row.scenario}: stock {row.outcomes['stock']}, expected {row.expected}" for row in stock_fails
+            f"  - {row.scenario}: stock {row.outcomes['stock']}, expected {row.expected}"
+            for row in stock_fails
         ]
     elif len(ran) < len(rows):
         lines = [
