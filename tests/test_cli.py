@@ -94,7 +94,10 @@ def test_check_fails_when_a_scenario_does_not_hold(two_scenarios, monkeypatch, c
     assert cli.main(["check"]) == 1
     verdict, *under = verdict_lines(capsys.readouterr().out)
     assert "does NOT fix every scenario" in verdict
-    assert under == ["  - mid-run, cancel() empty: ours CANCELED / CANCELED, expected something else"]
+    (named,) = under  # What ours showed is whatever the (loaded) machine let it show.
+    assert named.startswith("  - mid-run, cancel() empty: ours ") and named.endswith(
+        ", expected something else"
+    )
     assert cli.main(["check", "--fail-when-removable"]) == 1
 
 
