@@ -70,7 +70,8 @@ def verdict(rows: list[Row]) -> str:
     if ours_fail:
         lines = [f"a2a-cancelfix does NOT fix every scenario on a2a-sdk {SDK_VERSION}: please report it."]
         lines += [
-            f"  - {row.scenario}: ours {row.outcomes['ours']}, expected {row.expected}" for row in ours_fail
+            f'  - {row.scenario}: ours "{row.outcomes["ours"]}", expected "{row.expected}"'
+            for row in ours_fail
         ]
     elif stock_fails:
         lines = [
@@ -78,7 +79,7 @@ def verdict(rows: list[Row]) -> str:
             f"{len(stock_fails)} of the {len(ran)} scenarios that ran:"
         ]
         lines += [
-            f"  - {row.scenario}: stock {row.outcomes['stock']}, expected {row.expected}"
+            f'  - {row.scenario}: stock "{row.outcomes["stock"]}", expected "{row.expected}"'
             for row in stock_fails
         ]
     elif len(ran) < len(rows):

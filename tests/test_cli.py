@@ -80,8 +80,8 @@ def test_check_table_ends_with_the_verdict_naming_what_stock_fails(monkeypatch, 
         "still needs a2a-cancelfix: the stock handler fails 2 of the 3 scenarios that ran:"
     )
     assert under == [
-        "  - stays WORKING: stock WORKING, expected CANCELED",
-        "  - hangs: stock HANG, expected CANCELED",
+        '  - stays WORKING: stock "WORKING", expected "CANCELED"',
+        '  - hangs: stock "HANG", expected "CANCELED"',
         'To report one upstream: a2a-cancelfix check --repro "SCENARIO" prints a script for it.',
     ]
 
@@ -95,8 +95,8 @@ def test_check_fails_when_a_scenario_does_not_hold(two_scenarios, monkeypatch, c
     verdict, *under = verdict_lines(capsys.readouterr().out)
     assert "does NOT fix every scenario" in verdict
     (named,) = under  # What ours showed is whatever the (loaded) machine let it show.
-    assert named.startswith("  - mid-run, cancel() empty: ours ") and named.endswith(
-        ", expected something else"
+    assert named.startswith('  - mid-run, cancel() empty: ours "') and named.endswith(
+        '", expected "something else"'
     )
     assert cli.main(["check", "--fail-when-removable"]) == 1
 
@@ -173,6 +173,6 @@ def test_the_verdict_names_what_did_not_run_beside_what_stock_fails(monkeypatch,
     verdict, *under = verdict_lines(capsys.readouterr().out)
     assert "still needs a2a-cancelfix: the stock handler fails 1 of the 1 scenarios that ran" in verdict
     assert under[:2] == [
-        "  - cancel() hangs: stock HANG, expected CANCELED / CANCELED",
+        '  - cancel() hangs: stock "HANG", expected "CANCELED / CANCELED"',
         f"NOT RUN: client leaves mid-cancel, gRPC ({GRPC_HINT})",
     ]
