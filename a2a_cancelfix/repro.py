@@ -11,6 +11,7 @@ from __future__ import annotations
 from a2a_cancelfix import scenarios
 from a2a_cancelfix._sdk import SDK_VERSION
 from a2a_cancelfix.scenarios import NOT_RUN, Scenario
+from a2a_cancelfix.testing.waits import BOUND
 
 __all__ = ["NoRepro", "script_for"]
 
@@ -34,21 +35,20 @@ def script_for(name: str) -> str:
         raise NoRepro(f"{name!r} cannot run here: {stock}")
     if stock == scenario.expected:
         raise NoRepro(f"stock a2a-sdk {SDK_VERSION} passes {name!r} ({stock}): there is nothing to reproduce")
-    return script(scenario, stock)
+    return _script(scenario, stock)
 
 
-def script(scenario: Scenario, stock: str) -> str:
+def _script(scenario: Scenario, stock: str) -> str:
     """The script for ``scenario``, whose stock outcome here is ``stock``."""
-    body = _BODIES[scenario.name]
+    transport = _TRANSPORTS[scenario.transport]
     header = f'''"""{scenario.name}: a cancel on a2a-sdk's DefaultRequestHandler.
 
 Expected: {scenario.expected}
-a2a-sdk {SDK_VERSION}, as `a2a-cancelfix check` saw it over {_TRANSPORTS[scenario.transport]}: {stock}
+a2a-sdk {SDK_VERSION}, as `a2a-cancelfix check` saw it over {transport}: {stock}
 
-Made by `a2a-cancelfix check --repro "{scenario.name}"`; needs only a2a-sdk.
-The calls are made straight on the handler, in one process, as the SDK's {_TRANSPORTS[scenario.transport]}
-server code makes them.
-Every wait is bounded ({_BOUND} s; HANG above is no answer within it). Run: python this_file.py
+Made by `a2a-cancelfix check --repro "{scenario.name}"`; needs only a2a-sdk. The calls are
+made straight on the handler, in one process, as the SDK's {transport} server code makes them.
+Every wait is bounded ({BOUND} s; HANG above is no answer within it). Run: python this_file.py
 (it exits with an AssertionError while the defect is there).
 """
 '''
@@ -61,10 +61,9 @@ if __name__ == "__main__":
     print(f"a2a-sdk {{version('a2a-sdk')}}: {{outcome}}")
     assert outcome == EXPECTED, f"expected {{EXPECTED!r}}, got {{outcome!r}}"
 """
-    return header + _PRELUDE + body + footer
+    return header + _PRELUDE.replace("__BOUND__", repr(BOUND)) + _BODIES[scenario.name] + footer
 
 
-_BOUND = 2.5
 _TRANSPORTS = {"jsonrpc": "JSON-RPC", "rest": "REST", "grpc": "gRPC"}
 
 _PRELUDE = '''
@@ -110,7 +109,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-BOUND = 2.5
+BOUND = __BOUND__
 """Seconds any wait may take; a call with no answer by then is reported, not awaited forever."""
 NO_ANSWER = f"no answer within {BOUND} s"
 
@@ -333,6 +332,11 @@ class Server:
         request = SendMessageRequest(message=message())
         return f"sender got {await outcome(self.handler.on_message_send(request, as_user('alice')))}"
 
+    def subscribe(self, user: str = "alice") -> Stream:
+        """A SubscribeToTask stream of the agent's task, read in the background."""
+        request = SubscribeToTaskRequest(id=self.agent.task_id)
+        return Stream(self.handler.on_subscribe_to_task(request, as_user(user)))
+
     async def cancel(self, task_id: str | None = None, user: str = "alice") -> str:
         request = CancelTaskRequest(id=self.agent.task_id if task_id is None else task_id)
         return await outcome(self.handler.on_cancel_task(request, as_user(user)))
@@ -436,8 +440,7 @@ async def scenario() -> str:
     """Cancel a task while a SubscribeToTask stream of it is open."""
     server = Server(Agent())
     await server.start()
-    request = SubscribeToTaskRequest(id=server.agent.task_id)
-    subscriber = Stream(server.handler.on_subscribe_to_task(request, as_user("alice")))
+    subscriber = server.subscribe()
     await subscriber.changes.until(lambda: subscriber.states or subscriber.task.done())
     canceller = asyncio.ensure_future(server.cancel())
     ended = await subscriber.ended()
@@ -536,8 +539,7 @@ async def scenario() -> str:
     """Another user (mallory) subscribes to alice's task."""
     server = Server(Agent())
     await server.start()
-    request = SubscribeToTaskRequest(id=server.agent.task_id)
-    spy = Stream(server.handler.on_subscribe_to_task(request, as_user("mallory")))
+    spy = server.subscribe("mallory")
     await spy.changes.until(lambda: spy.states or spy.task.done())
     spy.task.cancel()
     return f"got {spy.last}"
