@@ -50,7 +50,7 @@ written first. Two first saves of one id at once both land (one inserts, the oth
 where the SDK's merge (a SELECT, then an INSERT) fails one of them with an IntegrityError.
 
 Upstream's cluster mode (a2a-sdk 1.3+): ``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``
-is itself a ``VersionedTaskStore`` (an instance of a subclass, made by ``__new__``), so the SDK
+is itself a ``VersionedTaskStore`` (its class becomes a subclass that is one), so the SDK
 uses it as it is. Its save is the SDK's versioned save (compare-and-swap on the version row, the
 journal row that ``DatabaseTaskEventStream`` tails, in the same transaction, transient errors
 retried), guarded: the transaction takes the lock before it reads anything (``FOR UPDATE`` on
@@ -115,12 +115,10 @@ class FinalStateTaskStore(TaskStore):
             ``redis.asyncio.Redis`` client, or a ``CancelNotices``; None polls only.
     """
 
-    def __new__(cls, store: Any, *args: Any, **kwargs: Any) -> FinalStateTaskStore:
-        if _sdk.is_versioned_database_store(store) and not issubclass(cls, _sdk.VersionedTaskStore):
-            cls = _versioned_class(cls)
-        return super().__new__(cls)
-
     def __init__(self, store: Any, *, notices: CancelNotices | str | Any | None = None) -> None:
+        if _sdk.is_versioned_database_store(store) and not isinstance(self, _sdk.VersionedTaskStore):
+            # Here, not in __new__: a subclass's own __init__ may make the store it wraps.
+            self.__class__ = _versioned_class(type(self))
         self.wrapped = store
         self.notices = notices_for(store, notices)
         # Set by our handler: told the id of each task whose save was refused because the

@@ -450,6 +450,22 @@ async def test_a_subclass_wraps_every_store(any_sdk_store: Any) -> None:
     assert store.reads == ["task-1"]
 
 
+
+@pytest.mark.asyncio
+async def test_a_subclass_that_makes_its_store_wraps_it_as_the_class_does(any_sdk_store: Any) -> None:
+    """A subclass whose __init__ makes the store it wraps (from an engine, say) is a
+    VersionedTaskStore around a VersionedDatabaseTaskStore too."""
+
+    class Built(FinalStateTaskStore):
+        def __init__(self, make: Any) -> None:
+            super().__init__(make())
+
+    store = Built(lambda: any_sdk_store)
+    assert isinstance(store, Built) and store.wrapped is any_sdk_store
+    versioned = _sdk.HAS_CLUSTER and isinstance(store, _sdk.VersionedTaskStore)
+    assert versioned == _sdk.is_versioned_database_store(any_sdk_store)
+
+
 # --- The race: two OS processes write one task at once, round after round. ------------------
 
 ROUNDS = 16
