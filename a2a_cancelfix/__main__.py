@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--fail-when-removable",
         action="store_true",
-        help="exit 3 once stock a2a-sdk passes every scenario: a CI job on upgrade day fails to say "
-        "a2a-cancelfix can be removed",
+        help="exit 3 once a2a-cancelfix can be removed (every scenario ran and stock a2a-sdk passes "
+        "each): a CI job then fails to tell you",
     )
     check.add_argument(
         "--repro",
