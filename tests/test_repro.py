@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from a2a_cancelfix import __main__ as cli
-from a2a_cancelfix import scenarios
+from a2a_cancelfix import repro, scenarios
 from a2a_cancelfix.scenarios import SCENARIOS
 
 from .expected import STOCK, column
@@ -107,3 +107,8 @@ def test_a_scenario_that_cannot_run_has_no_script(monkeypatch, capsys) -> None:
     monkeypatch.setattr(scenarios._wire, "missing", lambda transport: hint if transport == "grpc" else None)
     assert cli.main(["check", "--repro", "client leaves mid-cancel, gRPC"]) == 2
     assert f"cannot run here: NOT RUN ({hint})" in capsys.readouterr().err
+
+
+def test_every_scenario_has_a_script() -> None:
+    """A scenario added to the list gets a script too, whichever release it fails on."""
+    assert set(repro._BODIES) == {scenario.name for scenario in SCENARIOS}
