@@ -8,14 +8,37 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from a2a_cancelfix.check import EXIT_CODES
+
     parser = argparse.ArgumentParser(
         prog="a2a-cancelfix", description="Cancellation that always ends, for a2a-sdk 1.x."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser(
-        "check", help="run the cancel scenarios against the installed a2a-sdk, stock vs ours"
+        "check",
+        help="run the cancel scenarios against the installed a2a-sdk, stock vs ours",
+        description=(
+            "Run each cancel scenario against the installed a2a-sdk's own handler (stock), the stock\n"
+            "handler around a CancellableExecutor, and a2a-cancelfix's handler. Print a table, then a\n"
+            "verdict on whether this a2a-sdk still needs a2a-cancelfix, naming the scenarios stock\n"
+            "fails and those that did not run."
+        ),
+        epilog="exit status:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.add_argument(
+        "--fail-when-removable",
+        action="store_true",
+        help="exit 3 once a2a-cancelfix can be removed (every scenario ran and stock a2a-sdk passes "
+        "each): a CI job then fails to tell you",
+    )
+    check.add_argument(
+        "--repro",
+        metavar="SCENARIO",
+        help="print a standalone script (a2a-sdk only) that reproduces a scenario stock fails, for "
+        "an upstream bug report; exit 2 if stock passes it",
+    )
     demo = commands.add_parser("demo", help="serve a demo A2A agent to cancel by hand")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
@@ -46,9 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.CRITICAL)
     from a2a_cancelfix import check as report
 
+    if arguments.repro is not None:
+        return _repro(arguments.repro)
     rows = report.run_all()
     print(report.as_json(rows) if arguments.json else report.render(rows))
-    return 0 if all(row.holds for row in rows) else 1
+    return report.exit_status(rows, fail_when_removable=arguments.fail_when_removable)
+
+
+def _repro(name: str) -> int:
+    """``check --repro``: print the scenario's script, or say why there is none (exit 2)."""
+    from a2a_cancelfix import check, repro
+
+    try:
+        print(repro.script_for(name))
+    except repro.NoRepro as reason:
+        print(f"a2a-cancelfix check --repro: {reason}", file=sys.stderr)
+        return check.USAGE
+    return 0
 
 
 def _kit(arguments: argparse.Namespace) -> int:

@@ -40,24 +40,66 @@ def run_all() -> list[Row]:
     return [Row(scenario.name, outcomes, scenario.expected) for scenario, outcomes in scenarios.run_all()]
 
 
-def verdict(rows: list[Row]) -> str:
+EXIT_CODES = {
+    0: "our handler holds every scenario that ran",
+    1: "our handler fails a scenario: please report it",
+    2: "usage error; or --repro has no script: unknown scenario, stock passes it, or it cannot run here",
+    3: "with --fail-when-removable: stock a2a-sdk passes every scenario, so a2a-cancelfix can go",
+}
+OURS_FAIL, USAGE, REMOVABLE = 1, 2, 3
+
+
+def exit_status(rows: list[Row], *, fail_when_removable: bool = False) -> int:
+    """The command's exit status (``EXIT_CODES``) for ``rows``."""
     if not all(row.holds for row in rows):
-        return f"a2a-cancelfix does NOT fix every scenario on a2a-sdk {SDK_VERSION}: please report it."
-    failing = [row.scenario for row in rows if not row.stock_holds]
+        return OURS_FAIL
+    return REMOVABLE if fail_when_removable and removable(rows) else 0
+
+
+def removable(rows: list[Row]) -> bool:
+    """Whether every scenario ran and the stock handler passes each: the package can go."""
+    return all(row.ran and row.stock_holds for row in rows)
+
+
+def verdict(rows: list[Row]) -> str:
+    """One line on whether the package is still needed, then the scenarios that line rests on:
+    those our handler fails, those the stock handler fails, and those that did not run."""
+    ours_fail = [row for row in rows if not row.holds]
+    stock_fails = [row for row in rows if not row.stock_holds]
     ran = [row for row in rows if row.ran]
-    if failing:
-        return (
+    if ours_fail:
+        lines = [f"a2a-cancelfix does NOT fix every scenario on a2a-sdk {SDK_VERSION}: please report it."]
+        lines += [
+            f'  - {row.scenario}: ours "{row.outcomes["ours"]}", expected "{row.expected}"'
+            for row in ours_fail
+        ]
+    elif stock_fails:
+        lines = [
             f"a2a-sdk {SDK_VERSION} still needs a2a-cancelfix: the stock handler fails "
-            f"{len(failing)} of {len(ran)} scenarios."
-        )
-    if len(ran) < len(rows):
-        not_run = [row.outcomes["ours"] for row in rows if not row.ran]
-        hints = sorted({outcome.removeprefix(NOT_RUN).strip(" ()") for outcome in not_run})
-        return (
+            f"{len(stock_fails)} of the {len(ran)} scenarios that ran:"
+        ]
+        lines += [
+            f'  - {row.scenario}: stock "{row.outcomes["stock"]}", expected "{row.expected}"'
+            for row in stock_fails
+        ]
+    elif len(ran) < len(rows):
+        lines = [
             f"a2a-sdk {SDK_VERSION} passes the {len(ran)} scenarios that ran; run the other "
-            f"{len(rows) - len(ran)} before removing a2a-cancelfix: {'; '.join(hints)}."
-        )
-    return f"a2a-sdk {SDK_VERSION} passes every scenario on its own: you can remove a2a-cancelfix."
+            f"{len(rows) - len(ran)} before removing a2a-cancelfix."
+        ]
+    else:
+        lines = [f"a2a-sdk {SDK_VERSION} passes every scenario on its own: you can remove a2a-cancelfix."]
+    lines += [f"NOT RUN: {name} ({install})" for name, install in not_run(rows).items()]
+    if stock_fails and not ours_fail:
+        lines.append('To report one upstream: a2a-cancelfix check --repro "SCENARIO" prints a script for it.')
+    return "\n".join(lines)
+
+
+def not_run(rows: list[Row]) -> dict[str, str]:
+    """The scenarios that did not run, each with what to install to run it."""
+    return {
+        row.scenario: row.outcomes["ours"].removeprefix(NOT_RUN).strip(" ()") for row in rows if not row.ran
+    }
 
 
 _TITLES = {
@@ -89,6 +131,10 @@ def as_json(rows: list[Row]) -> str:
                 for row in rows
             ],
             "needed": any(not row.stock_holds for row in rows),
+            "removable": removable(rows),
+            "ours_fails": [row.scenario for row in rows if not row.holds],
+            "stock_fails": [row.scenario for row in rows if not row.stock_holds],
+            "not_run": not_run(rows),
             "verdict": verdict(rows),
         },
         indent=2,

@@ -50,7 +50,7 @@ written first. Two first saves of one id at once both land (one inserts, the oth
 where the SDK's merge (a SELECT, then an INSERT) fails one of them with an IntegrityError.
 
 Upstream's cluster mode (a2a-sdk 1.3+): ``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``
-is itself a ``VersionedTaskStore`` (an instance of a subclass, made by ``__new__``), so the SDK
+is itself a ``VersionedTaskStore`` (its class becomes a subclass that is one), so the SDK
 uses it as it is. Its save is the SDK's versioned save (compare-and-swap on the version row, the
 journal row that ``DatabaseTaskEventStream`` tails, in the same transaction, transient errors
 retried), guarded: the transaction takes the lock before it reads anything (``FOR UPDATE`` on
@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -104,8 +105,9 @@ class FinalStateTaskStore(TaskStore):
 
     ``DefaultRequestHandler(executor, FinalStateTaskStore(DatabaseTaskStore(engine)), ...)``.
     On a2a-sdk 1.3+ it also wraps a ``VersionedDatabaseTaskStore`` (upstream's cluster mode),
-    and is then a ``VersionedTaskStore`` itself. Any other store raises ``TypeError``: the
-    guard would be a read then a write, a race.
+    and is then a ``VersionedTaskStore`` itself; so is a subclass of it, whose own methods
+    come first. Any other store raises ``TypeError``: the guard would be a read then a write,
+    a race.
 
     Args:
         notices: how a recorded cancel is pushed to the replica running the task (see
@@ -113,12 +115,10 @@ class FinalStateTaskStore(TaskStore):
             ``redis.asyncio.Redis`` client, or a ``CancelNotices``; None polls only.
     """
 
-    def __new__(cls, store: Any, *args: Any, **kwargs: Any) -> FinalStateTaskStore:
-        if cls is FinalStateTaskStore and _sdk.is_versioned_database_store(store):
-            cls = _versioned_class()
-        return super().__new__(cls)
-
     def __init__(self, store: Any, *, notices: CancelNotices | str | Any | None = None) -> None:
+        if _sdk.is_versioned_database_store(store) and not isinstance(self, _sdk.VersionedTaskStore):
+            # Here, not in __new__: a subclass's own __init__ may make the store it wraps.
+            self.__class__ = _versioned_class(type(self))
         self.wrapped = store
         self.notices = notices_for(store, notices)
         # Set by our handler: told the id of each task whose save was refused because the
@@ -330,66 +330,65 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
     return save_once
 
 
-def _versioned_class() -> type[FinalStateTaskStore]:
-    """FinalStateTaskStore as a VersionedTaskStore too, made once, on a release that has one."""
-    global _VersionedFinalStateTaskStore
-    if _VersionedFinalStateTaskStore is None:
-        from sqlalchemy.exc import DBAPIError  # There with a2a-sdk's database extras only.
+@functools.cache
+def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStore]:
+    """``base`` (FinalStateTaskStore or a subclass) as a VersionedTaskStore too, made once per
+    class, on a release that has one. A subclass's own methods come first."""
+    if base is not FinalStateTaskStore:
+        attributes = {"__module__": base.__module__, "__doc__": base.__doc__}
+        return type(f"Versioned{base.__name__}", (base, _versioned_class(FinalStateTaskStore)), attributes)
+    from sqlalchemy.exc import DBAPIError  # There with a2a-sdk's database extras only.
 
-        class VersionedFinalStateTaskStore(FinalStateTaskStore, _sdk.VersionedTaskStore):  # type: ignore[misc,name-defined]
-            """``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``: see the module's doc."""
+    class VersionedFinalStateTaskStore(FinalStateTaskStore, _sdk.VersionedTaskStore):  # type: ignore[misc,name-defined]
+        """``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``: see the module's doc."""
 
-            def _guard(self, store: Any) -> Any:
-                return _versioned_write(store, self._announce_in)
+        def _guard(self, store: Any) -> Any:
+            return _versioned_write(store, self._announce_in)
 
-            async def save(  # type: ignore[override]
-                self,
-                task: Task,
-                *,
-                event: Any = None,
-                prev: Task | None = None,
-                prev_version: Any,
-                context: ServerCallContext,
-            ) -> Any:
-                """The wrapped store's versioned save, refused over a stored terminal state."""
-                del prev
-                store = self.wrapped
-                await _sdk.versioned_tables_ready(store)
-                owner = _sdk.versioned_owner(store, context)
-                attempts, (most, delay) = 0, _sdk.save_retries(store)
-                while True:  # Transient contention is retried, as the SDK's save does.
-                    attempts += 1
-                    try:
-                        version = await self._write(task, event, prev_version, owner)
-                        break
-                    except _Refused as refused:
-                        return self._refused_versioned(task, refused)
-                    except DBAPIError as error:
-                        if not _sdk.is_transient(error) or attempts >= most:
-                            raise
-                        await asyncio.sleep(delay * attempts)
-                if task.status.state == CANCELED and self.notices is not None:
-                    await self.notices.announce(task.id)
-                return version
+        async def save(  # type: ignore[override]
+            self,
+            task: Task,
+            *,
+            event: Any = None,
+            prev: Task | None = None,
+            prev_version: Any,
+            context: ServerCallContext,
+        ) -> Any:
+            """The wrapped store's versioned save, refused over a stored terminal state."""
+            del prev
+            store = self.wrapped
+            await _sdk.versioned_tables_ready(store)
+            owner = _sdk.versioned_owner(store, context)
+            attempts, (most, delay) = 0, _sdk.save_retries(store)
+            while True:  # Transient contention is retried, as the SDK's save does.
+                attempts += 1
+                try:
+                    version = await self._write(task, event, prev_version, owner)
+                    break
+                except _Refused as refused:
+                    return self._refused_versioned(task, refused)
+                except DBAPIError as error:
+                    if not _sdk.is_transient(error) or attempts >= most:
+                        raise
+                    await asyncio.sleep(delay * attempts)
+            if task.status.state == CANCELED and self.notices is not None:
+                await self.notices.announce(task.id)
+            return version
 
-            def _refused_versioned(self, task: Task, refused: _Refused) -> Any:
-                self._refused(task, refused.state)
-                state = task.status.state
-                if state in TERMINAL_STATES and state != refused.state:
-                    # Another end than the stored one: the SDK's signal to reload and tell its
-                    # subscribers the stored task (its consumer), or answer with it (a cancel).
-                    raise _sdk.ConcurrentTaskModificationError(task.id)
-                # Nothing to reload: a live update is moot (our handler cancels the run), the
-                # same end is the stored one. The SDK's consumer goes on, and publishes it.
-                return refused.version
+        def _refused_versioned(self, task: Task, refused: _Refused) -> Any:
+            self._refused(task, refused.state)
+            state = task.status.state
+            if state in TERMINAL_STATES and state != refused.state:
+                # Another end than the stored one: the SDK's signal to reload and tell its
+                # subscribers the stored task (its consumer), or answer with it (a cancel).
+                raise _sdk.ConcurrentTaskModificationError(task.id)
+            # Nothing to reload: a live update is moot (our handler cancels the run), the
+            # same end is the stored one. The SDK's consumer goes on, and publishes it.
+            return refused.version
 
-            async def get(self, task_id: str, context: ServerCallContext) -> Any:  # type: ignore[override]
-                """The task with its version (a ``StoredTask``), as the wrapped store has it."""
-                return await self.wrapped.get(task_id, context)
+        async def get(self, task_id: str, context: ServerCallContext) -> Any:  # type: ignore[override]
+            """The task with its version (a ``StoredTask``), as the wrapped store has it."""
+            return await self.wrapped.get(task_id, context)
 
-        VersionedFinalStateTaskStore.__qualname__ = VersionedFinalStateTaskStore.__name__
-        _VersionedFinalStateTaskStore = VersionedFinalStateTaskStore
-    return _VersionedFinalStateTaskStore
-
-
-_VersionedFinalStateTaskStore: type[FinalStateTaskStore] | None = None
+    VersionedFinalStateTaskStore.__qualname__ = VersionedFinalStateTaskStore.__name__
+    return VersionedFinalStateTaskStore

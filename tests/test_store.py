@@ -39,6 +39,7 @@ from a2a.types import (
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from a2a_cancelfix import _sdk
 from a2a_cancelfix._sdk import TERMINAL_STATES
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import caller
@@ -390,6 +391,79 @@ def test_other_stores_are_refused_at_construction() -> None:
 
     with pytest.raises(TypeError, match="DatabaseTaskStore or an InMemoryTaskStore"):
         FinalStateTaskStore(Custom())
+
+
+
+class Audited(FinalStateTaskStore):
+    """A subclass as users write one: an argument of its own, and a method it extends."""
+
+    def __init__(self, store: Any, *, reads: list[str]) -> None:
+        super().__init__(store)
+        self.reads = reads
+
+    async def get(self, task_id: str, context: ServerCallContext) -> Any:
+        self.reads.append(task_id)
+        return await super().get(task_id, context)
+
+
+@pytest_asyncio.fixture(params=[*BACKENDS, "versioned"])
+async def any_sdk_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """Yield each store FinalStateTaskStore wraps, empty: the bare ones, and (a2a-sdk 1.3+)
+    upstream's cluster-mode VersionedDatabaseTaskStore on SQLite."""
+    if request.param == "versioned":
+        if not _sdk.HAS_CLUSTER:
+            pytest.skip("VersionedDatabaseTaskStore is a2a-sdk 1.3+")
+        from a2a.server.cluster import VersionedDatabaseTaskStore
+
+        async with open_database("sqlite", tmp_path) as opened:
+            yield VersionedDatabaseTaskStore(opened.engine())
+        return
+    if request.param == "memory":
+        yield InMemoryTaskStore()
+        return
+    async with open_database(request.param, tmp_path) as opened:
+        yield DatabaseTaskStore(opened.engine())
+
+
+@pytest.mark.asyncio
+async def test_a_subclass_wraps_every_store(any_sdk_store: Any) -> None:
+    """A subclass of FinalStateTaskStore wraps each store the class wraps, keeps its own
+    methods, and a terminal state stays final through it."""
+    store = Audited(any_sdk_store, reads=[])
+    assert isinstance(store, Audited) and store.wrapped is any_sdk_store
+    alice = caller("alice")
+    if _sdk.is_versioned_database_store(any_sdk_store):
+        from a2a.server.cluster import ConcurrentTaskModificationError, TaskVersion, VersionedTaskStore
+
+        assert isinstance(store, VersionedTaskStore)
+        version = TaskVersion.MISSING
+        for state in (WORKING, CANCELED):
+            version = await store.save(make_task(state), prev=None, prev_version=version, context=alice)
+        with pytest.raises(ConcurrentTaskModificationError):  # Refused: the SDK's signal to reload.
+            await store.save(make_task(COMPLETED), prev=None, prev_version=version, context=alice)
+        stored = (await store.get("task-1", alice)).task
+    else:
+        for state in (WORKING, CANCELED, COMPLETED):
+            await store.save(make_task(state), alice)
+        stored = await store.get("task-1", alice)
+    assert stored.status.state == CANCELED
+    assert store.reads == ["task-1"]
+
+
+
+@pytest.mark.asyncio
+async def test_a_subclass_that_makes_its_store_wraps_it_as_the_class_does(any_sdk_store: Any) -> None:
+    """A subclass whose __init__ makes the store it wraps (from an engine, say) is a
+    VersionedTaskStore around a VersionedDatabaseTaskStore too."""
+
+    class Built(FinalStateTaskStore):
+        def __init__(self, make: Any) -> None:
+            super().__init__(make())
+
+    store = Built(lambda: any_sdk_store)
+    assert isinstance(store, Built) and store.wrapped is any_sdk_store
+    versioned = _sdk.HAS_CLUSTER and isinstance(store, _sdk.VersionedTaskStore)
+    assert versioned == _sdk.is_versioned_database_store(any_sdk_store)
 
 
 # --- The race: two OS processes write one task at once, round after round. ------------------
