@@ -28,6 +28,7 @@ from a2a_cancelfix._aio import keep
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, Lifecycle, Settings
+from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix.store import FinalStateTaskStore
 
@@ -92,6 +93,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         solo = given if type(given) is InMemoryTaskStore else None  # Exactly the SDK's (see replicas).
         self._lifecycle = Lifecycle(agent_executor, settings, handler=self, store=store, solo=solo, probe=probe)
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
+        if arguments.arguments.get("push_sender") is not None:
+            arguments.arguments["push_sender"] = BackgroundPushSender(arguments.arguments["push_sender"])
         # What the SDK warns of here (no event_stream, a queue_manager) is about the caller's
         # arguments: said again at the caller's line, not at this one.
         with warnings.catch_warnings(record=True) as raised:
@@ -137,7 +140,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._remote.must_listen:
             self._remote.listen()
         if not params.message.task_id:
-            return await _sdk_send(self, params, context)
+            result = await _sdk_send(self, params, context)
+            if isinstance(result, Task) and result.id in self._remote.refused_tasks:
+                return await self._remote.as_stored(result, context)  # type: ignore[no-any-return]
+            return result
         await self._refuse_if_ended(params, context)
         lifecycle, message_id = self._lifecycle, params.message.message_id
         lifecycle.follow_up_accepted(message_id)
@@ -149,6 +155,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             unprocessed = lifecycle.follow_up_unprocessed(message_id)
         if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
             raise _ended_first(params, result.status.state)
+        if isinstance(result, Task) and result.id in self._remote.refused_tasks:
+            return await self._remote.as_stored(result, context)  # type: ignore[no-any-return]
         return result
 
     @_telemetry.traced_as_sdk
@@ -169,8 +177,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         try:
             async for event in events:
                 state = _sdk.terminal_state(event)
-                if state is not None and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
-                    raise _ended_first(params, state)
+                if state is not None:
+                    if _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
+                        raise _ended_first(params, state)
+                    if _task_id_of(event) in self._remote.refused_tasks:
+                        event = await self._remote.as_stored(event, context)
                 yield event
                 if state is None:
                     continue
@@ -217,6 +228,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         else:
             events = _sdk_subscribe(self, params, context)
         async for event in _until_terminal(events):
+            if _sdk.terminal_state(event) is not None and params.id in self._remote.refused_tasks:
+                event = await self._remote.as_stored(event, context)
             yield event
 
     async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:

@@ -10,6 +10,7 @@ CANCELED carries the cancel out here, through the same lifecycle as a cancel ask
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("a2a_cancelfix")
 
 DEFAULT_POLL_INTERVAL = 1.0
+# How many tasks with a refused save a handler remembers, to end their streams on the store's end.
+_REFUSALS_KEPT = 10_000
 
 # The handlers of each InMemoryTaskStore. Such a store lives in this process: while one
 # handler has it, no cancel can be recorded elsewhere and its runs never look (no read, no
@@ -78,7 +81,7 @@ class RemoteCancels:
         self.watching = False
         self.notices = store.notices if isinstance(store, FinalStateTaskStore) else None
         if isinstance(store, FinalStateTaskStore):
-            store.on_final.append(self.noticed)
+            store.on_final.append(self.refused)
         self.poll = self.interval = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
             if solo is not None:
@@ -90,6 +93,9 @@ class RemoteCancels:
             else:
                 self._watch()
         self._parked_looks: asyncio.TimerHandle | None = None
+        # Tasks a save of whose was refused over a stored end, the last ones, oldest first:
+        # read (for every stream's end) to tell whether `as_stored` has anything to do.
+        self.refused_tasks: collections.OrderedDict[str, None] = collections.OrderedDict()
         # Subscriptions served from the store here, by task: each is woken by a notice.
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Future[None] | None = None
@@ -113,6 +119,32 @@ class RemoteCancels:
             keep(work.run.look())  # Finding CANCELED, it cancels the run here.
         elif task_id in lifecycle.parked:
             keep(self._look_at_parked(task_id))
+
+    def refused(self, task_id: str) -> None:
+        """The store refused a save of ``task_id`` over the end it holds: look now, and let
+        what this replica streams of the task end on that end (see `as_stored`)."""
+        self.refused_tasks[task_id] = None
+        self.refused_tasks.move_to_end(task_id)
+        if len(self.refused_tasks) > _REFUSALS_KEPT:
+            self.refused_tasks.popitem(last=False)
+        self.noticed(task_id)
+
+    async def as_stored(self, event: Any, caller: ServerCallContext) -> Any:
+        """A terminal ``event`` of this replica's, or the end the store holds instead.
+
+        A run's end that the store refused (another replica's CANCELED came first) still
+        reaches the SDK's streams, its blocking sender and push: they must show what the store
+        holds. For a task in `refused_tasks` only: one read per stream end of such a task.
+        """
+        task_id = event.id if isinstance(event, Task) else event.task_id
+        stored = await _sdk.read_task(self.handler, task_id, caller)
+        if stored is None or stored.status.state not in _sdk.TERMINAL_STATES:
+            return event
+        if stored.status.state == event.status.state:
+            return event
+        if isinstance(event, Task):
+            return stored
+        return TaskStatusUpdateEvent(task_id=task_id, context_id=event.context_id, status=stored.status)
 
     async def follow(self, task: Task, caller: ServerCallContext) -> AsyncGenerator[Any, None]:
         """Serve a subscription to a task no run here feeds, from the store, until it ends.

@@ -471,7 +471,7 @@ async def test_a_versioned_database_store_is_wrapped_as_a_versioned_store(databa
     store = FinalStateTaskStore(VersionedDatabaseTaskStore(database.engine()))
     assert isinstance(store, FinalStateTaskStore) and isinstance(store, VersionedTaskStore)
     server = await replica(database, "ours", ScriptedExecutor())
-    assert server.store.on_final == [server.handler._remote.noticed]
+    assert server.store.on_final == [server.handler._remote.refused]
     with pytest.raises(TypeError, match="VersionedDatabaseTaskStore"):
         FinalStateTaskStore(LegacyTaskStoreAdapter(InMemoryTaskStore()))
 

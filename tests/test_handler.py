@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
+import httpx
 import pytest
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
+from a2a.server.tasks import BasePushNotificationSender, InMemoryPushNotificationConfigStore, InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
@@ -19,7 +22,10 @@ from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, _sdk
 from a2a_cancelfix import lifecycle as lifecycle_module
 from a2a_cancelfix.testing import (
     GRACE,
+    Calls,
+    Changes,
     Gate,
+    PushReceiver,
     ScriptedExecutor,
     Server,
     Stream,
@@ -440,3 +446,50 @@ async def test_a_follow_up_the_task_ended_before_processing_is_refused_not_dropp
         await within(answer)
     assert executor.runs == 1
     assert await stored(server, executor.task_id) == "COMPLETED"
+
+
+class SlowWebhook:
+    """A push receiver that holds its answer to the first WORKING push until the test opens it."""
+
+    def __init__(self) -> None:
+        self.held = Gate()
+        self.received: list[str] = []
+        self.changes = Changes()
+        self.client = httpx.AsyncClient(transport=httpx.MockTransport(self._receive))
+
+    async def _receive(self, request: httpx.Request) -> httpx.Response:
+        state = json.loads(request.content)["statusUpdate"]["status"]["state"] if b"statusUpdate" in request.content else "?"
+        if state == "TASK_STATE_WORKING" and not self.held.reached.is_set():
+            await self.held()
+        self.received.append(state.removeprefix("TASK_STATE_"))
+        self.changes.notify()
+        return httpx.Response(200)
+
+
+@pytest.mark.asyncio
+async def test_a_slow_push_receiver_delays_only_its_own_pushes() -> None:
+    """A webhook that holds its answer to the WORKING push past the grace period: the cancel
+    still answers in bound, the sender's stream and a subscriber end on CANCELED, and the
+    webhook gets CANCELED after its WORKING once it answers."""
+    executor, webhook = ScriptedExecutor(), SlowWebhook()
+    configs = InMemoryPushNotificationConfigStore()
+    card = make_server("stock", executor).handler._agent_card
+    handler = DefaultRequestHandler(
+        executor,
+        InMemoryTaskStore(),
+        card,
+        push_config_store=configs,
+        push_sender=BasePushNotificationSender(webhook.client, configs, caller()),
+        cancel_grace_period=GRACE,
+    )
+    server = Server(handler, executor, handler.task_store, PushReceiver(), Calls(handler))
+    sent = await start(server, push_url="http://push.invalid/slow")
+    subscriber = Stream(server.calls.subscribe(executor.task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    await within(webhook.held.reached.wait())  # The WORKING push is in flight, and stays so.
+    assert await within(cancel(server, executor.task_id), GRACE + SLACK) == "CANCELED"
+    assert await sent.ended() and sent.last == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    webhook.held.open()
+    await webhook.changes.until(lambda: "CANCELED" in webhook.received)
+    assert webhook.received[-1] == "CANCELED" and "WORKING" in webhook.received

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Awaitable
 
 import pytest
+import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import SendMessageRequest, TaskState
@@ -351,3 +352,37 @@ async def test_a_cancel_noticed_while_a_parked_task_resumes_reaches_the_resumed_
     held.open()
     assert await resumed.ended() and resumed.last == "CANCELED"
     assert a.executor.cancel_called.is_set()
+
+
+class CompletionHeld(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A shared store whose next save of COMPLETED waits at ``gate``."""
+
+    def __init__(self, store) -> None:
+        super().__init__(store)
+        self._self_gate = Gate()
+
+    async def save(self, task, context) -> None:
+        if task.status.state == TaskState.TASK_STATE_COMPLETED and not self._self_gate.reached.is_set():
+            await self._self_gate()
+        await self.__wrapped__.save(task, context)
+
+
+@pytest.mark.asyncio
+async def test_a_completion_the_store_refused_ends_the_streams_on_what_it_holds() -> None:
+    """A's run publishes COMPLETED after its look read WORKING; B's CANCELED is stored before
+    A's COMPLETED is saved, which the store refuses. A's sender and subscriber then end on
+    CANCELED, as the store and B's answer say, not on the COMPLETED A's run published."""
+    store = CompletionHeld(FinalStateTaskStore(InMemoryTaskStore()))
+    a = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=3600)
+    b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=3600)
+    sent = await start(a)
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(a.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    a.executor.step.open()  # A completes: its look reads WORKING, its COMPLETED waits to be saved.
+    await within(store._self_gate.reached.wait())
+    assert await within(cancel(b, task_id)) == "CANCELED"
+    store._self_gate.open()
+    assert await sent.ended() and sent.last == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    assert await stored(a, task_id) == "CANCELED"
