@@ -15,8 +15,8 @@ import contextlib
 import logging
 import math
 import weakref
-from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers import DefaultRequestHandlerV2
 
-    from a2a_cancelfix.lifecycle import Lifecycle
+    from a2a_cancelfix.checkpoints import Run
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -45,6 +45,23 @@ _REFUSALS_KEPT = 10_000
 _sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[RemoteCancels]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+class Running(Protocol):
+    """A run of ``execute()`` in progress here (a `lifecycle.Work`)."""
+
+    run: Run
+
+
+class Watched(Protocol):
+    """What the watch looks after: a `lifecycle.Lifecycle`'s runs, parked tasks and cancels."""
+
+    works: Mapping[str, Running]
+    parked: dict[str, ServerCallContext]
+    cancellations: Mapping[str, object]
+
+    async def noticed_parked(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
+        """Carry out here the cancel another replica recorded for a task parked here."""
 
 
 class RemoteCancels:
@@ -71,7 +88,7 @@ class RemoteCancels:
 
     def __init__(
         self,
-        lifecycle: Lifecycle,
+        lifecycle: Watched,
         handler: DefaultRequestHandlerV2,
         store: Any,
         poll: float | None,
