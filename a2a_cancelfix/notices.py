@@ -56,6 +56,10 @@ class CancelNotices(abc.ABC):
         before. Raise when the connection is lost."""
 
 
+# PostgreSQL's longest identifier (NAMEDATALEN - 1), which a channel name is.
+_LONGEST_NAME = 63
+
+
 class PostgresNotices(CancelNotices):
     """NOTIFY in the transaction that records CANCELED; LISTEN on one pooled connection.
 
@@ -65,6 +69,9 @@ class PostgresNotices(CancelNotices):
 
     Raises:
         TypeError: an engine that is not PostgreSQL through asyncpg.
+        ValueError: a channel name PostgreSQL would not keep whole (over 63 bytes): its
+            ``LISTEN`` truncates it silently while ``pg_notify`` refuses it, so every cancel
+            would fail.
     """
 
     def __init__(self, engine: Any, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
@@ -72,6 +79,11 @@ class PostgresNotices(CancelNotices):
         if (dialect.name, dialect.driver) != ("postgresql", "asyncpg"):
             raise TypeError(
                 f"PostgresNotices needs a postgresql+asyncpg engine, not {dialect.name}+{dialect.driver}"
+            )
+        if not channel or len(channel.encode()) > _LONGEST_NAME:
+            raise ValueError(
+                f"the NOTIFY channel must be a name of 1 to {_LONGEST_NAME} bytes (PostgreSQL's "
+                f"limit), not {len(channel.encode())}: {channel!r}"
             )
         super().__init__(channel, heartbeat=heartbeat)
         self.engine = engine

@@ -223,6 +223,8 @@ class RemoteCancels:
             self.look_at_parked_soon()
 
     def _poll_every(self, interval: float) -> None:
+        if interval == self.interval:
+            return  # A reconnect that failed again: each run keeps the look it has due.
         self.interval = interval
         for work in self.lifecycle.works.values():
             work.run.poll_every(interval)

@@ -337,6 +337,12 @@ async def test_notices_are_named_in_one_argument_and_checked_against_the_store(t
             FinalStateTaskStore(InMemoryTaskStore(), notices="postgres")
         with pytest.raises(TypeError, match="DatabaseTaskStore on PostgreSQL"):
             FinalStateTaskStore(InMemoryTaskStore(), notices=PostgresNotices(engine))
+        # PostgreSQL keeps 63 bytes of a name: LISTEN would truncate a longer one, pg_notify refuse it.
+        assert PostgresNotices(engine, "c" * 63).channel == "c" * 63
+        with pytest.raises(ValueError, match="1 to 63 bytes"):
+            PostgresNotices(engine, "c" * 64)
+        with pytest.raises(ValueError, match="1 to 63 bytes"):
+            PostgresNotices(engine, "é" * 32)
     async with open_database("sqlite", tmp_path) as database:
         with pytest.raises(TypeError, match="postgresql\\+asyncpg"):
             FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices="postgres")
@@ -433,3 +439,29 @@ async def test_a_listener_that_hears_nothing_back_is_lost_and_polls(tmp_path: Pa
             await within(a.handler.aclose())
             await client.aclose()
             await admin.aclose()
+
+
+@pytest.mark.asyncio
+async def test_reconnects_that_keep_failing_leave_polling_alone(tmp_path: Path) -> None:
+    """Redis unreachable from the start: each failed reconnect (0.1 s, 0.5 s, ... apart) leaves
+    every run's next look where it was, so a poll interval longer than the back-off still polls
+    (before, each failure moved it on by a whole interval, and past 5 s no run ever looked)."""
+    import redis.asyncio as redis
+
+    async with open_database("sqlite", tmp_path) as database:
+        client = redis.Redis.from_url("redis://127.0.0.1:1/0")  # Nothing listens there.
+        notices = RedisNotices(client, f"a2acf_{uuid.uuid4().hex[:12]}")
+        listening = Listening(notices)
+        store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices)
+        a = make_server("ours", PollingExecutor(), store=store, replica_poll_interval=HOUR)
+        try:
+            await start(a)
+            run = a.handler.agent_executor.cancel_lifecycle.works[a.executor.task_id].run
+            due = run.next_look
+            await listening.changes.until(lambda: listening.attempts >= 3)  # Two failures seen.
+            assert run.next_look == due
+        finally:
+            a.executor.released.set()
+            await within(a.executor.stopped.wait())
+            await within(a.handler.aclose())
+            await client.aclose()
