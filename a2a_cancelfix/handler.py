@@ -15,6 +15,7 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
+    InternalError,
     Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
@@ -22,6 +23,8 @@ from a2a.types import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
+
+from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import keep
@@ -140,7 +143,12 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._remote.must_listen:
             self._remote.listen()
         if not params.message.task_id:
-            result = await _sdk_send(self, params, context)
+            try:
+                result = await _sdk_send(self, params, context)
+            except A2AError:
+                raise
+            except Exception as error:
+                raise _failed("", error) from error
             if isinstance(result, Task) and result.id in self._remote.refused_tasks:
                 return await self._remote.as_stored(result, context)  # type: ignore[no-any-return]
             return result
@@ -151,6 +159,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             result = await _sdk_send(self, params, context)
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
+        except A2AError:
+            raise
+        except Exception as error:
+            raise _failed(params.message.task_id, error) from error
         finally:
             unprocessed = lifecycle.follow_up_unprocessed(message_id)
         if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
@@ -197,6 +209,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 return
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
+        except A2AError:
+            raise
+        except Exception as error:
+            raise _failed(params.message.task_id, error) from error
         finally:
             if params.message.task_id:
                 lifecycle.follow_up_unprocessed(message_id)
@@ -227,10 +243,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             events = self._remote.follow(task, context)
         else:
             events = _sdk_subscribe(self, params, context)
-        async for event in _until_terminal(events):
-            if _sdk.terminal_state(event) is not None and params.id in self._remote.refused_tasks:
-                event = await self._remote.as_stored(event, context)
-            yield event
+        try:
+            async for event in _until_terminal(events):
+                if _sdk.terminal_state(event) is not None and params.id in self._remote.refused_tasks:
+                    event = await self._remote.as_stored(event, context)
+                yield event
+        except A2AError:
+            raise
+        except Exception as error:
+            raise _failed(params.id, error) from error
 
     async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
         """Refuse a message to a task being canceled or already terminal, as the spec says.
@@ -280,6 +301,14 @@ def _ended_without_it(state: int) -> bool:
     """Whether a task's end tells a follow-up's sender nothing of its message: a cancel that
     raced it does (its sender sees CANCELED); an end the task reached before it was run does not."""
     return state != _sdk.CANCELED
+
+
+def _failed(task_id: str, error: Exception) -> InternalError:
+    """What a stream or a sender gets for a failure that is not an A2A error (the task store's
+    connection killed mid-save, say): an A2A error, as a transport would make it, never the
+    driver's exception."""
+    logger.warning("a request on task %s failed", task_id or "(new)", exc_info=error)
+    return InternalError(message=f"The request failed: {type(error).__name__}")
 
 
 def _ended_first(params: SendMessageRequest, state: int) -> UnsupportedOperationError:

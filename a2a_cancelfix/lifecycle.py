@@ -55,6 +55,8 @@ MARGIN = 1.0
 LATENESS_LIMIT = 30.0
 # How long, after the answer, a run that can close itself gets to do so before it is forced.
 PATIENCE = 30.0
+# When a stopped run's CANCELED that the store failed to record is tried again: about 10 minutes.
+_RECORD_RETRIES = (0.1, 0.5, 1.0, 2.0) + (5.0,) * 120
 FAILED = TaskState.TASK_STATE_FAILED
 
 
@@ -728,7 +730,7 @@ class Lifecycle:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
             _telemetry.teardown_forced(task.id)
             await _sdk.force_close(active, MARGIN)
-            return await self._write_canceled(task.id, caller)
+            return await self._write_canceled(task.id, caller, stopped=True)
         return result
 
     async def _cancel_by_sdk(self, task_id: str, caller: ServerCallContext, cancellation: Cancellation) -> Task:
@@ -747,11 +749,35 @@ class Lifecycle:
             raise TaskNotFoundError
         return stored
 
-    async def _write_canceled(self, task_id: str, caller: ServerCallContext) -> Task:
-        result = await _sdk.write_canceled(self.handler, task_id, caller)
+    async def _write_canceled(self, task_id: str, caller: ServerCallContext, *, stopped: bool = False) -> Task:
+        """Record CANCELED directly in the store; the task as it ends up.
+
+        ``stopped``: the run here has been stopped and torn down. If the store fails then,
+        the write is retried behind the answer until it lands, so that the task never stays
+        WORKING with nothing running anywhere.
+        """
+        try:
+            result = await _sdk.write_canceled(self.handler, task_id, caller)
+        except Exception:
+            if stopped:
+                keep(self._record_later(task_id, caller))
+            raise
         if result is None:
             raise TaskNotFoundError
         return result
+
+    async def _record_later(self, task_id: str, caller: ServerCallContext) -> None:
+        """Retry recording the CANCELED of a stopped run, backing off, until the store takes it."""
+        for delay in _RECORD_RETRIES:
+            await asyncio.sleep(delay)
+            try:
+                await _sdk.write_canceled(self.handler, task_id, caller)
+            except Exception as error:
+                logger.debug("recording CANCELED of task %s failed again: %r", task_id, error)
+                continue
+            logger.info("cancel task=%s recorded CANCELED after the store failed at first", task_id)
+            return
+        logger.error("cancel task=%s: the store never recorded CANCELED; the task shows WORKING", task_id)
 
     def _refuse_unless_cancelable(self, task: Task) -> None:
         state = task.status.state

@@ -8,19 +8,22 @@ import logging
 
 import httpx
 import pytest
+import wrapt
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
 from a2a.server.tasks import BasePushNotificationSender, InMemoryPushNotificationConfigStore, InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
+    TaskState,
     TaskNotCancelableError,
     UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, _sdk
+from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, FinalStateTaskStore, _sdk
 from a2a_cancelfix import lifecycle as lifecycle_module
 from a2a_cancelfix.testing import (
+    BOUND,
     GRACE,
     Calls,
     Changes,
@@ -493,3 +496,40 @@ async def test_a_slow_push_receiver_delays_only_its_own_pushes() -> None:
     webhook.held.open()
     await webhook.changes.until(lambda: "CANCELED" in webhook.received)
     assert webhook.received[-1] == "CANCELED" and "WORKING" in webhook.received
+
+
+class FailingCancels(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A guarded store whose next ``failures`` saves of CANCELED fail, as a killed connection's do."""
+
+    def __init__(self, store, failures: int) -> None:
+        super().__init__(store)
+        self._self_failures = failures
+
+    async def save(self, task, context) -> None:
+        if task.status.state == TaskState.TASK_STATE_CANCELED and self._self_failures:
+            self._self_failures -= 1
+            raise ConnectionError("the connection was killed mid-save")
+        await self.__wrapped__.save(task, context)
+
+
+@pytest.mark.asyncio
+async def test_a_canceled_the_store_failed_to_record_is_recorded_once_it_recovers() -> None:
+    """The store fails the run's CANCELED and the direct write that follows: the caller gets an
+    A2A error in bound, the sender's stream ends on an A2A error (never the driver's), and the
+    CANCELED is recorded behind the answer as soon as the store takes it: the task never stays
+    WORKING with nothing running."""
+    store = FailingCancels(FinalStateTaskStore(InMemoryTaskStore()), failures=3)
+    server = make_server("ours", ScriptedExecutor(), store=store)
+    sent = await start(server)
+    task_id = server.executor.task_id
+    with pytest.raises(A2AError):
+        await within(server.calls.cancel(task_id, "alice"), GRACE + 2 * lifecycle_module.MARGIN + SLACK)
+    assert await sent.ended()
+    assert sent.error is None or isinstance(sent.error, A2AError), repr(sent.error)
+    assert server.executor.stopped.is_set()
+    # The retries are 0.1 s, then 0.5 s apart: the third failure, then the write that lands.
+    await eventually(lambda: _stored_is(server, task_id, "CANCELED"), seconds=BOUND)
+
+
+async def _stored_is(server: Server, task_id: str, state: str) -> bool:
+    return await stored(server, task_id) == state
