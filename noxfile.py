@@ -19,3 +19,17 @@ def tests(session: nox.Session, sdk: str) -> None:
     session.install("-e", ".[test]", requirement)
     # Two workers: much of the suite waits (server processes starting, databases, timers).
     session.run("pytest", "--numprocesses=2", *session.posargs)
+
+
+# Pinned: the versions the README's recipes and tests/test_frameworks.py were written against.
+FRAMEWORKS = ["google-adk[a2a]==2.13.0", "a2a-adapter[langgraph]==0.2.14", "langgraph==1.2.24"]
+
+
+@nox.session
+def frameworks(session: nox.Session) -> None:
+    """Sweep real frameworks' executors (ADK, LangGraph behind a2a-adapter) with fake models.
+
+    Not in the default run: it installs the frameworks, a few hundred megabytes.
+    """
+    session.install("-e", ".[test]", *FRAMEWORKS)
+    session.run("pytest", "tests/test_frameworks.py", *session.posargs)
