@@ -1,7 +1,8 @@
 """An ADK agent behind ADK's own A2A executor, with a scripted model: no network, no key.
 
-    a2a-cancelfix sweep adk_agent:executor       # ADK's A2aAgentExecutor as it is
-    a2a-cancelfix sweep adk_agent:wrapped        # what to_a2a(..., agent_executor_factory=factory) serves
+From this folder, ``a2a-cancelfix sweep adk_agent:executor`` sweeps ADK's ``A2aAgentExecutor``
+as it is, ``a2a-cancelfix sweep adk_agent:wrapped`` what ``to_a2a(agent(),
+agent_executor_factory=factory)`` serves.
 """
 
 from __future__ import annotations

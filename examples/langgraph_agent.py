@@ -1,6 +1,6 @@
 """A LangGraph ReAct agent behind a2a-adapter, with a fake chat model: no network, no key.
 
-    a2a-cancelfix sweep langgraph_agent:executor
+From this folder, ``a2a-cancelfix sweep langgraph_agent:executor`` sweeps it.
 """
 
 from __future__ import annotations

@@ -76,7 +76,9 @@ def test_the_testing_sections_python_runs_as_written(number: int, tmp_path: Path
         return
     (tmp_path / "test_from_readme.py").write_text(block)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "asyncio_mode=strict"]
-    result = subprocess.run([*command, "-q", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*command, "-q", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
 
@@ -89,7 +91,12 @@ def test_the_testing_sections_commands_run_as_written(number: int) -> None:
         pytest.skip("needs the frameworks `nox -s frameworks` installs")
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(
-        ["bash", "-e", "-c", block], cwd=README.parent, capture_output=True, text=True, timeout=300, env=environment
+        ["bash", "-e", "-c", block],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rows hold." in result.stdout

@@ -51,11 +51,22 @@ DEFECTS = [
         broken.StepAfterCaught,
         "local",
         "step step",
-        "the run swallowed the RunCancelled (a CancelledError) it got at step step, and went on to step scrub",
+        "the run swallowed the RunCancelled (a CancelledError) it got at step step,"
+        " and went on to step scrub",
     ),
     (broken.ClaimOnHappyPath, "local", "scrub", "released() was false when the cancel returned"),
-    (broken.BackgroundOutlivesRun, "local", "step step", "a task it started (BackgroundOutlivesRun.work"),
-    (broken.ThreadNeverChecks, "local", "WORKING is stored", "a thread it started still ran 0.2 s"),
+    (
+        broken.BackgroundOutlivesRun,
+        "local",
+        "step step",
+        "a task it started (BackgroundOutlivesRun.work.<locals>.warm_cache, started in work (sweep_executors.py:",
+    ),
+    (
+        broken.ThreadNeverChecks,
+        "local",
+        "WORKING is stored",
+        "a thread it started still ran 0.2 s after the cancel returned, in crunch (sweep_executors.py:",
+    ),
     (broken.CancelHangs, "local", "step step", "cancel() did not return within the grace period"),
     (broken.CancelRaises, "local", "step step", "CancelRaises.cancel() raised RuntimeError"),
     (

@@ -163,7 +163,9 @@ class Probe:
             self.late.append(f"the run reached {where} after it had seen the cancel at {self.observed}")
         else:  # Nothing in hand: the run caught the cancel and did not raise it again.
             name = self.seen_as if self.seen_as == "CancelledError" else f"{self.seen_as} (a CancelledError)"
-            self.late.append(f"the run swallowed the {name} it got at {self.observed}, and went on to {where}")
+            self.late.append(
+                f"the run swallowed the {name} it got at {self.observed}, and went on to {where}"
+            )
 
     def _interrupted(self, run: Run, where: str, thrown: BaseException) -> None:
         if run.shielded:
@@ -228,7 +230,7 @@ class _Driven:
             yield from probe.point("start", f"before run {probe.runs}'s execute()").__await__()
         value: Any = None
         error: BaseException | None = None
-        last: tuple[Any, Any] | None = None  # The user's frame and what it awaits, last time.
+        last: tuple[Any, Any] = (None, None)  # The user's frame and what it awaits, last time.
         try:
             while True:
                 try:
@@ -237,7 +239,7 @@ class _Driven:
                     return stop.value
                 value, error = None, None
                 found = _users_await(coro) if awaited is not None else None
-                same = found is not None and last is not None and all(a is b for a, b in zip(found[1:], last))
+                same = found is not None and found[1] is last[0] and found[2] is last[1]
                 if found is None or same:
                     where = found[0].where if found else "an await of the framework's"
                     try:
@@ -245,7 +247,7 @@ class _Driven:
                     except BaseException as thrown:
                         error = _thrown(probe, run, thrown, where)
                     continue
-                point, last = found[0], found[1:]
+                point, last = found[0], (found[1], found[2])
                 where = point.where
                 probe._suspends(run, where)
                 here = probe.next_point("await", point.path, point.place)
@@ -358,6 +360,18 @@ def _awaited_name(link: Any) -> str:
     if code is not None:
         return code.co_name
     return type(link).__name__ if link is not None else "something"
+
+
+def users_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """The innermost frame of the user's code from ``frame`` outwards, if any."""
+    while frame is not None and (_is_framework(frame) or _is_library(frame)):
+        frame = frame.f_back
+    return frame
+
+
+def describe(frame: types.FrameType | None) -> str:
+    """A frame of the user's code, for people: its function and place."""
+    return f"{frame.f_code.co_name} ({_place(frame)})" if frame is not None else ""
 
 
 def _where_called() -> tuple[str, str]:

@@ -44,7 +44,7 @@ from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.store import FinalStateTaskStore
-from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, note_user
+from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.servers import caller, message, outcome
 from a2a_cancelfix.testing.waits import BOUND, in_own_loop, wait_all_tasks_blocked
@@ -214,7 +214,9 @@ def check_setup(factory: Any, grace_period: float) -> None:
     try:
         inspect.signature(factory).bind()
     except TypeError as error:
-        raise ValueError(f"{name} cannot be called without arguments ({error}): give a factory that can") from None
+        raise ValueError(
+            f"{name} cannot be called without arguments ({error}): give a factory that can"
+        ) from None
     except ValueError:  # No signature to read (a builtin): calling it will tell.
         pass
     if isinstance(factory, type):
@@ -225,7 +227,9 @@ def check_setup(factory: Any, grace_period: float) -> None:
         except Exception as error:
             raise ValueError(f"{name}() raised {error!r}") from error
     if not _executor_like(made):
-        what = made.__qualname__ if isinstance(made, type) else f"{name}() made {type(made).__qualname__}, which"
+        what = (
+            made.__qualname__ if isinstance(made, type) else f"{name}() made {type(made).__qualname__}, which"
+        )
         raise ValueError(f"{what} is not an AgentExecutor: it needs async execute() and cancel()")
 
 
@@ -349,7 +353,7 @@ class _World:
         self.stream_parked = ""  # and the parked state it had seen by then.
         self.threads = set(threading.enumerate())
         self.pool = _TrackedPool()
-        self.owned: set[asyncio.Task[Any]] = set()
+        self.owned: dict[asyncio.Task[Any], str] = {}  # Each with where the executor started it.
 
     def _handler(self, executor: Any, poll: float | None = PARKED_LOOKS) -> DefaultRequestHandler:
         card = _wire.agent_card("jsonrpc", "http://127.0.0.1/")
@@ -381,8 +385,8 @@ class _World:
 
     def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=loop, **kwargs)
-        if _executors_own() and not _ours(coro):
-            self.owned.add(task)  # Started by the executor's own code, in a run or its cancel().
+        if _executors_own() and not _ours(coro):  # The executor's own code started it,
+            self.owned[task] = describe(users_frame(sys._getframe(1)))  # in a run or its cancel().
         return task
 
     # The conversation.
@@ -585,8 +589,9 @@ class _World:
             await asyncio.wait(tasks, timeout=grace)
         for task in sorted(tasks, key=lambda task: task.get_name()):
             if not task.done():
+                started = f", started in {self.owned[task]}" if self.owned[task] else ""
                 row.failures.append(
-                    f"a task it started ({_coro_name(task)}) still ran {grace:g} s after {when}"
+                    f"a task it started ({_coro_name(task)}{started}) still ran {grace:g} s after {when}"
                 )
         busy = [work for work in self.pool.works if not work.done()]
         threads = [thread for thread in threading.enumerate() if thread not in self.threads]
@@ -594,7 +599,10 @@ class _World:
         if busy or threads:
             await asyncio.to_thread(_join, busy, threads, grace)
         if any(not work.done() for work in busy) or any(_working(thread) for thread in threads):
-            row.failures.append(f"a thread it started still ran {grace:g} s after {when}")
+            stuck = [thread for thread in (*self.pool.threads(), *threads) if _working(thread)]
+            running = sorted({describe(users_frame(_frame_of(thread))) for thread in stuck} - {""})
+            in_code = f", in {' and '.join(running)}" if running else ""
+            row.failures.append(f"a thread it started still ran {grace:g} s after {when}{in_code}")
 
 
 def _expect(row: Row, expected: dict[str, tuple[str, ...]]) -> None:
@@ -652,6 +660,9 @@ class _TrackedPool(concurrent.futures.ThreadPoolExecutor):
     def owns(self, thread: threading.Thread) -> bool:
         return thread in self._threads
 
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
+
 
 def _executors_own() -> bool:
     """Whether what starts here is the executor's: inside a run, or inside its ``cancel()``."""
@@ -675,9 +686,13 @@ def _join(
 _IDLE_AT = {("concurrent.futures.thread", "_worker"), ("queue", "get")}
 
 
+def _frame_of(thread: threading.Thread) -> Any:
+    return sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
+
+
 def _working(thread: threading.Thread) -> bool:
     """Whether ``thread`` still runs something: alive, and not a pool worker waiting for work."""
-    frame = sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
+    frame = _frame_of(thread)
     while frame is not None and frame.f_globals.get("__name__") == "threading":
         frame = frame.f_back  # A lock or condition it waits on: what waits there tells.
     if frame is None:
