@@ -26,10 +26,12 @@ FRAMEWORKS = ["google-adk[a2a]==2.13.0", "a2a-adapter[langgraph]==0.2.14", "lang
 
 
 @nox.session
-def frameworks(session: nox.Session) -> None:
+@nox.parametrize("sdk", ["1.0.0", "newest"])
+def frameworks(session: nox.Session, sdk: str) -> None:
     """Sweep real frameworks' executors (ADK, LangGraph behind a2a-adapter) with fake models.
 
     Not in the default run: it installs the frameworks, a few hundred megabytes.
     """
-    session.install("-e", ".[test]", *FRAMEWORKS)
+    requirement = "a2a-sdk>=1,<2" if sdk == "newest" else f"a2a-sdk=={sdk}"
+    session.install("-e", ".[test]", *FRAMEWORKS, requirement)
     session.run("pytest", "tests/test_frameworks.py", *session.posargs)

@@ -62,9 +62,10 @@ PARKED_LOOKS = 0.02
 """How often replica A looks at a task parked there for a cancel that B recorded."""
 
 Factory = Callable[[], Any]
+Released = Callable[[Any], "bool | Awaitable[bool]"]
+
 _IN_CANCEL: contextvars.ContextVar[bool] = contextvars.ContextVar("a2a_cancelfix_in_cancel", default=False)
 """Set while the executor's ``cancel()`` runs: what it starts is the executor's too."""
-Released = Callable[[Any], "bool | Awaitable[bool]"]
 
 
 @dataclass
@@ -202,6 +203,8 @@ async def sweep(
 
 def check_setup(factory: Any, grace_period: float) -> None:
     """Refuse, before any run, what no row could say anything useful about.
+
+    A factory that is not a class is called once, to see that it makes an executor.
 
     Raises:
         ValueError: naming what is wrong.
