@@ -59,7 +59,8 @@ DEFECTS = [
         broken.BackgroundOutlivesRun,
         "local",
         "step step",
-        "a task it started (BackgroundOutlivesRun.work.<locals>.warm_cache, started in work (sweep_executors.py:",
+        "a task it started (BackgroundOutlivesRun.work.<locals>.warm_cache,"
+        " started in work (sweep_executors.py:",
     ),
     (
         broken.ThreadNeverChecks,
@@ -67,8 +68,19 @@ DEFECTS = [
         "WORKING is stored",
         "a thread it started still ran 0.2 s after the cancel returned, in crunch (sweep_executors.py:",
     ),
-    (broken.CancelHangs, "local", "step step", "cancel() did not return within the grace period"),
-    (broken.CancelRaises, "local", "step step", "CancelRaises.cancel() raised RuntimeError"),
+    (
+        broken.CancelHangs,
+        "local",
+        "step step",
+        "cancel() did not return within the grace period: it hangs, at cancel (sweep_executors.py:",
+    ),
+    (
+        broken.CancelRaises,
+        "local",
+        "step step",
+        "CancelRaises.cancel() raised RuntimeError: the LLM provider refused the abort,"
+        " at cancel (sweep_executors.py:",
+    ),
     (
         broken.ShieldOutlastsGrace,
         "local",

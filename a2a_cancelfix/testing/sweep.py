@@ -16,6 +16,7 @@ import contextvars
 import inspect
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -501,7 +502,8 @@ class _World:
         watched = self.watched
         if watched._self_error is not None:
             error = watched._self_error
-            row.failures.append(f"{self.name}.cancel() raised {type(error).__name__}: {error}")
+            at = _raised_in(error)
+            row.failures.append(f"{self.name}.cancel() raised {type(error).__name__}: {error}{at}")
             if origin != "remote":  # The documented end of that: FAILED, the caller told so.
                 expected, final = "Internal", "FAILED"
         if row.answer == "HANG":
@@ -513,8 +515,12 @@ class _World:
             stop_by = max(answer_bound - took, 0.0) if origin != "local" else 0.0
             if not await _set_within(probe.finished, stop_by):
                 row.failures.append("execute() still ran when the cancel returned: it ignored the cancel")
-            if watched._self_called.is_set() and (watched._self_cut or not watched._self_returned.is_set()):
-                row.failures.append(f"{self.name}.cancel() did not return within the grace period: it hangs")
+            cut = watched._self_cut
+            if watched._self_called.is_set() and (cut is not None or not watched._self_returned.is_set()):
+                at = cut or ""
+                row.failures.append(
+                    f"{self.name}.cancel() did not return within the grace period: it hangs{at}"
+                )
         _expect(row, {"answer": (expected,)})
         _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
         if self.followed_up is not None:
@@ -629,15 +635,15 @@ class _Watched(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_called = asyncio.Event()
         self._self_returned = asyncio.Event()
         self._self_error: BaseException | None = None
-        self._self_cut = False
+        self._self_cut: str | None = None  # Once cut: where it hung, for people ("" unknown).
 
     async def cancel(self, context: Any, event_queue: Any) -> None:
         self._self_called.set()
         inside = _IN_CANCEL.set(True)
         try:
             await self.__wrapped__.cancel(context, event_queue)
-        except asyncio.CancelledError:
-            self._self_cut = True  # Cut off at the grace period's end: it hung.
+        except asyncio.CancelledError as cut:
+            self._self_cut = _raised_in(cut)  # Cut off at the grace period's end: it hung.
             raise
         except Exception as error:
             self._self_error = error
@@ -701,6 +707,18 @@ def _working(thread: threading.Thread) -> bool:
     if frame is None:
         return thread.is_alive()
     return (frame.f_globals.get("__name__"), frame.f_code.co_name) not in _IDLE_AT
+
+
+def _raised_in(error: BaseException) -> str:
+    """Where in the user's code ``error`` was raised (or the await it cut), as ", at ..."."""
+    place = ""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if users_frame(traceback.tb_frame) is traceback.tb_frame:
+            code = traceback.tb_frame.f_code
+            place = f"{code.co_name} ({os.path.basename(code.co_filename)}:{traceback.tb_lineno})"
+        traceback = traceback.tb_next
+    return f", at {place}" if place else ""
 
 
 def _ours(coro: Any) -> bool:
