@@ -19,3 +19,19 @@ def tests(session: nox.Session, sdk: str) -> None:
     session.install("-e", ".[test]", requirement)
     # Two workers: much of the suite waits (server processes starting, databases, timers).
     session.run("pytest", "--numprocesses=2", *session.posargs)
+
+
+# Pinned: the versions the README's recipes and tests/test_frameworks.py were written against.
+FRAMEWORKS = ["google-adk[a2a]==2.13.0", "a2a-adapter[langgraph]==0.2.14", "langgraph==1.2.24"]
+
+
+@nox.session
+@nox.parametrize("sdk", ["1.0.0", "newest"])
+def frameworks(session: nox.Session, sdk: str) -> None:
+    """Sweep real frameworks' executors (ADK, LangGraph behind a2a-adapter) with fake models.
+
+    Not in the default run: it installs the frameworks, a few hundred megabytes.
+    """
+    requirement = "a2a-sdk>=1,<2" if sdk == "newest" else f"a2a-sdk=={sdk}"
+    session.install("-e", ".[test]", *FRAMEWORKS, requirement)
+    session.run("pytest", "tests/test_frameworks.py", *session.posargs)

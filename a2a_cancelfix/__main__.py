@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         "--origin", action="append", choices=("local", "remote", "client leaves"), help="only these origins"
     )
     sweep.add_argument("--grace-period", type=float, default=1.0, help="the handler's cancel_grace_period")
+    sweep.add_argument(
+        "--released",
+        metavar="MODULE:NAME",
+        help="released(executor) -> bool (may be async): true once the executor let go of what it holds",
+    )
     sweep.add_argument("--json", action="store_true", help="print the rows as JSON")
     play = commands.add_parser("play", help="replay the cancel moment a scenario file describes; exit 0/1")
     play.add_argument("file", help="a cancel_*.toml scenario file")
@@ -105,10 +110,12 @@ def _kit(arguments: argparse.Namespace) -> int:
             report = play(arguments.file)
         else:
             factory = load(arguments.executor)
+            released = load(arguments.released) if arguments.released else None
             messages = arguments.message or ["hello"]
             origins = arguments.origin or ORIGINS
+            grace = arguments.grace_period
             report = asyncio.run(
-                sweep(factory, message=messages, origins=origins, grace_period=arguments.grace_period)
+                sweep(factory, message=messages, origins=origins, grace_period=grace, released=released)
             )
     except (ValueError, ImportError, OSError) as error:
         print(f"a2a-cancelfix {arguments.command}: {error}", file=sys.stderr)

@@ -41,13 +41,46 @@ async def swept(executor: object, **options: object) -> Report:
 
 # Each broken executor: the origin and moment of a row that must fail, and what it must say.
 DEFECTS = [
-    (broken.SwallowsTheCancel, "local", "step step", "reached step step after the run had seen the cancel"),
-    (broken.StepAfterCaught, "local", "step step", "reached step scrub after the run had seen the cancel"),
+    (
+        broken.SwallowsTheCancel,
+        "local",
+        "interrupted",
+        "the run swallowed the CancelledError it got at await asyncio.sleep in execute > work > step > io",
+    ),
+    (
+        broken.StepAfterCaught,
+        "local",
+        "step step",
+        "the run swallowed the RunCancelled (a CancelledError) it got at step step,"
+        " and went on to step scrub",
+    ),
     (broken.ClaimOnHappyPath, "local", "scrub", "released() was false when the cancel returned"),
-    (broken.BackgroundOutlivesRun, "local", "step step", "a task it started (BackgroundOutlivesRun.work"),
-    (broken.ThreadNeverChecks, "local", "WORKING is stored", "a thread it started still ran 0.2 s"),
-    (broken.CancelHangs, "local", "step step", "cancel() did not return within the grace period"),
-    (broken.CancelRaises, "local", "step step", "CancelRaises.cancel() raised RuntimeError"),
+    (
+        broken.BackgroundOutlivesRun,
+        "local",
+        "step step",
+        "a task it started (BackgroundOutlivesRun.work.<locals>.warm_cache,"
+        " started in work (sweep_executors.py:",
+    ),
+    (
+        broken.ThreadNeverChecks,
+        "local",
+        "WORKING is stored",
+        "a thread it started still ran 0.2 s after the cancel returned, in crunch (sweep_executors.py:",
+    ),
+    (
+        broken.CancelHangs,
+        "local",
+        "step step",
+        "cancel() did not return within the grace period: it hangs, at cancel (sweep_executors.py:",
+    ),
+    (
+        broken.CancelRaises,
+        "local",
+        "step step",
+        "CancelRaises.cancel() raised RuntimeError: the LLM provider refused the abort,"
+        " at cancel (sweep_executors.py:",
+    ),
     (
         broken.ShieldOutlastsGrace,
         "local",
@@ -200,7 +233,7 @@ def test_the_pytest_plugin_collects_scenario_files(pytester: pytest.Pytester) ->
     good.write_text(
         'executor = "a2a_cancelfix.testing.examples:Pipeline"\n'
         "grace_period = 0.2\n"
-        '[cancel]\npoint = 5\nkind = "checkpoint"\nat = "step scrub"\norigin = "local"\n'
+        '[cancel]\nkind = "checkpoint"\nat = "step scrub"\norigin = "local"\n'
         '[expect]\nanswer = "CANCELED"\nstore = "CANCELED"\n'
     )
     Path(pytester.path, "cancel_wrong.toml").write_text(
@@ -260,14 +293,16 @@ async def test_the_readme_shows_the_row_that_fails(
     monkeypatch.syspath_prepend(str(tmp_path))
     import agent  # type: ignore[import-not-found]
 
-    report = await swept(agent.Pipeline, released=agent.claim_released)
+    try:
+        report = await swept(agent.Pipeline, released=agent.claim_released)
+    finally:
+        sys.modules.pop("agent")
     quoted = readme_blocks("## Testing your executor")[block].strip().splitlines()
     first = str(report).split("\n\n")[2].splitlines()  # After the table and the count.
     assert first[:2] == quoted
     count = {1: "three rows fail", 2: "42 rows fail"}[block]
     assert len(report.failures) == {"three rows fail": 3, "42 rows fail": 42}[count]
     assert count in (ROOT / "README.md").read_text()
-    sys.modules.pop("agent")
 
 
 @pytest.mark.asyncio

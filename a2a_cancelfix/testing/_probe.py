@@ -10,6 +10,9 @@ a patched loop, and names each point by the code that awaits there.
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
+import inspect
 import os
 import sys
 import sysconfig
@@ -42,20 +45,37 @@ _SHIELD_EXIT = checkpoints.shielded.__wrapped__.__code__  # type: ignore[attr-de
 class Point:
     """One moment a cancel can land on the runs of a conversation.
 
+    A point is found again in another run by its kind, its path and its occurrence, never by
+    a line number: an edit that does not change the path to it leaves it the same point.
+
     Attributes:
         index: its place among the conversation's points, in order.
         kind: ``await`` (the run's own code awaits something), ``checkpoint``, ``publish`` (as
             the run enqueues an event), ``published`` (once that event is stored), ``start``
             (a follow-up run, before its ``execute()`` runs), ``parked`` (the task waits for
             input) or ``ended`` (after the terminal event).
-        where: the code or the state it names, for people.
+        path: what it names: the awaited thing and the user's functions down to it, a step,
+            an event or a state.
+        place: the file and line of the user's code there, if any (the innermost await's).
+        occurrence: how many points of this kind and path the conversation had up to this one.
         shielded: whether the run is inside a ``shielded()`` section there.
     """
 
     index: int
     kind: str
-    where: str
+    path: str
+    place: str = ""
+    occurrence: int = 1
     shielded: bool = False
+
+    @property
+    def where(self) -> str:
+        """The point for people: its path, and its place in the user's code."""
+        return f"{self.path} ({self.place})" if self.place else self.path
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.kind, self.path, self.occurrence)
 
 
 class Probe:
@@ -66,16 +86,17 @@ class Probe:
     interrupt arrives there).
     """
 
-    def __init__(self, target: int | None = None, pending: bool = False) -> None:
+    def __init__(self, target: tuple[str, str, int] | None = None, pending: bool = False) -> None:
         self.points: list[Point] = []
-        self.target = target
+        self.target = target  # A point's key.
         self.pending = pending  # At an await target: hold while it is pending, not as it returns.
         self.reached = asyncio.Event()
         self.gate = asyncio.get_running_loop().create_future()
         self.runs = 0
         self.run: Run | None = None
         self.landed = False  # The cancel applies to the run and was made: it must notice.
-        self.observed: str | None = None  # Where the run first saw the cancel.
+        self.observed: str | None = None  # Where the run first saw the cancel,
+        self.seen_as = ""  # and as what: CancelledError, RunCancelled.
         self.late: list[str] = []  # What the run did after the cancel that it should not have.
         self.cut_shields: list[str] = []
         self.finished = asyncio.Event()  # The last run's execute() has returned or raised.
@@ -84,15 +105,20 @@ class Probe:
 
     # The points.
 
-    async def point(self, kind: str, where: str) -> None:
-        """Note a point; hold here if it is the target."""
+    def next_point(self, kind: str, path: str, place: str = "") -> Point:
+        """The point that ``kind`` at ``path`` would be, next."""
         run = self.run
         shielded = bool(run is not None and run.shielded and kind not in ("parked", "ended"))
-        here = Point(len(self.points), kind, where, shielded)
+        occurrence = 1 + sum(1 for point in self.points if (point.kind, point.path) == (kind, path))
+        return Point(len(self.points), kind, path, place, occurrence, shielded)
+
+    async def point(self, kind: str, path: str, place: str = "") -> None:
+        """Note a point; hold here if it is the target."""
+        here = self.next_point(kind, path, place)
         self.points.append(here)
         if self.visit is not None:
             await self.visit(here)
-        if here.index == self.target:
+        if here.key == self.target:
             self.reached.set()
             await asyncio.shield(self.gate)
 
@@ -112,33 +138,40 @@ class Probe:
         """Run ``execute`` on a queue that reports its events, one suspension at a time."""
         self.run, self.runs = run, self.runs + 1
         self.finished.clear()
-        _note_user(getattr(execute, "__self__", None))
         return _Driven(self, execute(context, _ReportingQueue(queue, self)), run)
 
     async def at_checkpoint(self) -> None:
         """Every checkpoint is a point (the run looks at each: see `checkpoints.Probe`)."""
         if not self._in_enqueue:
-            await self.point("checkpoint", _where_called())
+            await self.point("checkpoint", *_where_called())
 
     def saw_cancel(self) -> None:
-        self._saw_cancel(_where_raised(), sys._getframe(2).f_code is _SHIELD_EXIT)
+        handling = sys.exc_info()[1]  # What the run's code is handling, if anything.
+        self._saw_cancel(_where_raised(), sys._getframe(2).f_code is _SHIELD_EXIT, handling)
 
-    def _saw_cancel(self, where: str, shield_exit: bool) -> None:
+    def _saw_cancel(self, where: str, shield_exit: bool, handling: BaseException | None) -> None:
         if self.observed is None:
-            self.observed = where
-        elif not shield_exit:  # A shielded clean-up that ends raises again, as it should.
-            self.late.append(f"{where} after the run had seen the cancel at {self.observed}")
+            self.observed, self.seen_as = where, "RunCancelled"
+        elif shield_exit:  # A shielded clean-up that ends raises again, as it should.
+            pass
+        elif isinstance(handling, asyncio.CancelledError):  # Cleaning up, the cancel in hand.
+            self.late.append(f"the run reached {where} after it had seen the cancel at {self.observed}")
+        else:  # Nothing in hand: the run caught the cancel and did not raise it again.
+            name = self.seen_as if self.seen_as == "CancelledError" else f"{self.seen_as} (a CancelledError)"
+            self.late.append(
+                f"the run swallowed the {name} it got at {self.observed}, and went on to {where}"
+            )
 
-    def _interrupted(self, run: Run, where: str) -> None:
+    def _interrupted(self, run: Run, where: str, thrown: BaseException) -> None:
         if run.shielded:
             self.cut_shields.append(where)
         if self.observed is None:
-            self.observed = f"{where} (interrupted)"
+            self.observed, self.seen_as = f"{where} (interrupted)", type(thrown).__name__
 
     def _suspends(self, run: Run, where: str) -> None:
         """The run's own code awaits at ``where``, with the cancel made and not yet seen."""
         if self.landed and self.observed is None and not run.shielded:
-            self.late.append(f"went on to {where} after the cancel, before it noticed it")
+            self.late.append(f"the run went on to {where} after the cancel, before it noticed it")
 
 
 class _ReportingQueue:
@@ -167,7 +200,9 @@ class _Driven:
 
     At each suspension in the user's own code (not in a2a-sdk's, ours or asyncio's), the probe
     notes an ``await`` point; at the target it holds there: after the awaited thing completed
-    (the cancel lands as the await returns), or before, to be interrupted by the cancel.
+    (the cancel lands as the await returns), or before, to be interrupted by the cancel. An
+    await that suspends again (one call into a library that suspends several times) is still
+    the same await: no new point, nothing new the user's code started.
     """
 
     def __init__(self, probe: Probe, coro: Any, run: Run) -> None:
@@ -179,6 +214,7 @@ class _Driven:
             yield from probe.point("start", f"before run {probe.runs}'s execute()").__await__()
         value: Any = None
         error: BaseException | None = None
+        last: tuple[Any, Any] = (None, None)  # The user's frame and what it awaits, last time.
         try:
             while True:
                 try:
@@ -186,19 +222,23 @@ class _Driven:
                 except StopIteration as stop:
                     return stop.value
                 value, error = None, None
-                where = _users_await(coro) if awaited is not None else None
-                if where is None:
+                found = _users_await(coro) if awaited is not None else None
+                same = found is not None and found[1] is last[0] and found[2] is last[1]
+                if found is None or same:
+                    where = found[0].where if found else "an await of the framework's"
                     try:
                         value = yield awaited
                     except BaseException as thrown:
-                        error = _thrown(probe, run, thrown, "an await of the framework's")
+                        error = _thrown(probe, run, thrown, where)
                     continue
+                point, last = found[0], (found[1], found[2])
+                where = point.where
                 probe._suspends(run, where)
-                index = len(probe.points)
-                holds = index == probe.target
+                here = probe.next_point("await", point.path, point.place)
+                holds = here.key == probe.target
                 if holds and probe.pending:
                     # Held while the await is still pending: the cancel lands during it.
-                    probe.points.append(Point(index, "await", where, run.shielded))
+                    probe.points.append(here)
                     probe.reached.set()
                     try:
                         yield from asyncio.shield(probe.gate).__await__()
@@ -218,7 +258,7 @@ class _Driven:
                     error = _thrown(probe, run, thrown, where)
                     continue
                 try:  # The cancel lands as the await returns.
-                    yield from probe.point("await", where).__await__()
+                    yield from probe.point("await", point.path, point.place).__await__()
                 except BaseException as thrown:
                     error = _thrown(probe, run, thrown, where)
         except GeneratorExit:
@@ -233,35 +273,41 @@ def _thrown(probe: Probe, run: Run, thrown: BaseException, where: str) -> BaseEx
     if isinstance(thrown, GeneratorExit):
         raise thrown  # Closed: the driver closes the run's coroutine on its way out.
     if isinstance(thrown, asyncio.CancelledError) and not isinstance(thrown, RunCancelled):
-        probe._interrupted(run, where)
+        probe._interrupted(run, where, thrown)
     return thrown
 
 
-def _users_await(coro: Any) -> str | None:
+def _users_await(coro: Any) -> tuple[Point, types.FrameType, Any] | None:
     """Where the user's code awaits, when the chain of awaits from ``coro`` suspends in it.
 
-    None when it suspends inside the framework: a checkpoint, an enqueue, a store read. Named
-    by the user's functions on the way down, the line in the outermost, and what it called.
+    None when it suspends inside the framework: a checkpoint, an enqueue, a store read. The
+    point (not yet numbered) is named by the user's functions on the way down and what the
+    innermost called, placed at the innermost's line; with it, that frame and the very
+    awaitable it awaits, which stay the same while one await suspends several times.
     """
     frames: list[types.FrameType] = []
+    links: list[Any] = []
     link: Any = coro
     while link is not None:
-        frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
+        frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None) or _agen_frame(link)
         if frame is None:
             break
         if _is_framework(frame) and frame.f_code.co_name not in _STEP_WRAPPERS:
             return None
         frames.append(frame)
         link = _awaited(link)
+        links.append(link)
     users = [
         index for index, frame in enumerate(frames) if not _is_framework(frame) and not _is_library(frame)
     ]
     if not users:
         return None
-    below = frames[users[-1] + 1 :]
+    innermost = users[-1]
+    below = frames[innermost + 1 :]
     called = _library_name(below[0]) if below else _awaited_name(link)
     names = " > ".join(frames[index].f_code.co_name for index in users)
-    return f"await {called} in {names} ({_place(frames[users[0]])})"
+    point = Point(-1, "await", f"await {called} in {names}", _place(frames[innermost]))
+    return point, frames[innermost], links[innermost]
 
 
 def _library_name(frame: types.FrameType) -> str:
@@ -271,7 +317,26 @@ def _library_name(frame: types.FrameType) -> str:
 
 
 def _awaited(link: Any) -> Any:
+    agen = _asend_of(link)
+    if agen is not None:
+        return agen.ag_await
     return getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
+
+
+def _asend_of(link: Any) -> Any:
+    """The async generator an ``async for`` step (``__anext__``/``asend``) runs, if it is one.
+
+    Such a step does not expose its generator (CPython 3.10-3.13); the collector's view of
+    what it references does.
+    """
+    if type(link).__name__ not in ("async_generator_asend", "async_generator_athrow"):
+        return None
+    return next((each for each in gc.get_referents(link) if inspect.isasyncgen(each)), None)
+
+
+def _agen_frame(link: Any) -> types.FrameType | None:
+    agen = _asend_of(link)
+    return agen.ag_frame if agen is not None else None
 
 
 def _awaited_name(link: Any) -> str:
@@ -281,15 +346,27 @@ def _awaited_name(link: Any) -> str:
     return type(link).__name__ if link is not None else "something"
 
 
-def _where_called() -> str:
-    """The user's code that reached the checkpoint being looked at."""
+def users_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """The innermost frame of the user's code from ``frame`` outwards, if any."""
+    while frame is not None and (_is_framework(frame) or _is_library(frame)):
+        frame = frame.f_back
+    return frame
+
+
+def describe(frame: types.FrameType | None) -> str:
+    """A frame of the user's code, for people: its function and place."""
+    return f"{frame.f_code.co_name} ({_place(frame)})" if frame is not None else ""
+
+
+def _where_called() -> tuple[str, str]:
+    """The user's code that reached the checkpoint being looked at: its path and place."""
     frame = sys._getframe(2)
     while frame is not None and (_is_framework(frame) or _is_library(frame)):
         if frame.f_code.co_name in _STEP_WRAPPERS:
             step = frame.f_locals.get("step")
-            return f"step {getattr(step, '__qualname__', step)}"
+            return f"step {getattr(step, '__qualname__', step)}", ""
         frame = frame.f_back  # type: ignore[assignment]
-    return f"checkpoint in {frame.f_code.co_name} ({_place(frame)})" if frame else "a checkpoint"
+    return (f"checkpoint in {frame.f_code.co_name}", _place(frame)) if frame else ("a checkpoint", "")
 
 
 def _where_raised() -> str:
@@ -321,13 +398,17 @@ def _is_library(frame: types.FrameType) -> bool:
     return frame.f_code.co_filename.startswith(_LIBRARIES)
 
 
-# The executors' packages (just the module, for ours): code of theirs is the user's wherever
-# it is installed.
+# The packages of the executor factories swept (just the module, for ours): code of theirs is
+# the user's wherever it is installed. A framework's executor (ADK's, a2a-adapter's) made by
+# the user's factory stays library code: the user's is what the factory and its module define.
 _USERS: set[str] = set()
 
 
-def _note_user(executor: object) -> None:
-    module = type(executor).__module__
+def note_user(factory: object) -> None:
+    """Count the package ``factory`` comes from as the user's code."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    module = getattr(factory, "__module__", None) or type(factory).__module__
     _USERS.add(module if module.startswith("a2a_cancelfix.") else module.partition(".")[0])
 
 

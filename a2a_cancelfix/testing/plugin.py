@@ -21,6 +21,12 @@ class ScenarioFile(pytest.File):
     """A scenario file: one test, its moment."""
 
     def collect(self) -> Any:
+        from a2a_cancelfix.testing.scenario_file import ScenarioError, read
+
+        try:  # Checked before anything runs: a typo is an error, never a test that tests nothing.
+            read(self.path)
+        except ScenarioError as error:
+            raise self.CollectError(str(error)) from None
         yield ScenarioItem.from_parent(self, name=self.path.stem)
 
 
@@ -35,7 +41,7 @@ class ScenarioItem(pytest.Item):
             raise ScenarioFailed(str(report))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, ScenarioFailed):
+        if isinstance(excinfo.value, (ScenarioFailed, ValueError)):  # Said in full: no traceback.
             return str(excinfo.value)
         return super().repr_failure(excinfo)
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import inspect
 import json
+import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import wrapt
+from a2a.server.agent_execution import AgentExecutor
 from a2a.server.tasks import (
     BasePushNotificationSender,
     InMemoryPushNotificationConfigStore,
@@ -36,10 +41,11 @@ from a2a.types import (
 )
 
 from a2a_cancelfix import _wire, checkpoints
+from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.store import FinalStateTaskStore
-from a2a_cancelfix.testing._probe import Point, Probe, _is_framework
+from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.servers import caller, message, outcome
 from a2a_cancelfix.testing.waits import BOUND, in_own_loop, wait_all_tasks_blocked
@@ -58,6 +64,9 @@ PARKED_LOOKS = 0.02
 
 Factory = Callable[[], Any]
 Released = Callable[[Any], "bool | Awaitable[bool]"]
+
+_IN_CANCEL: contextvars.ContextVar[bool] = contextvars.ContextVar("a2a_cancelfix_in_cancel", default=False)
+"""Set while the executor's ``cancel()`` runs: what it starts is the executor's too."""
 
 
 @dataclass
@@ -93,7 +102,7 @@ class Row:
         """The row for JSON."""
         return {
             "moment": self.moment,
-            "point": None if self.point is None else vars(self.point),
+            "point": None if self.point is None else {**vars(self.point), "where": self.point.where},
             "origin": self.origin,
             "landing": self.landing,
             "answer": self.answer,
@@ -174,12 +183,14 @@ async def sweep(
             of what it holds (a claim, a lease); checked when the cancel returns.
 
     Raises:
-        ValueError: an origin that is not one of `ORIGINS`.
+        ValueError: an origin that is not one of `ORIGINS`, a grace period that is not a
+            positive number of seconds, or a factory that does not make an executor.
     """
     messages = [message] if isinstance(message, str) else list(message)
     unknown = set(origins) - set(ORIGINS)
     if unknown or not messages:
         raise ValueError(f"origins must be among {ORIGINS}, not {sorted(unknown)}; and one message at least")
+    check_setup(executor_factory, grace_period)
     plan = _Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
     contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast)
     rows = [contrast]
@@ -189,6 +200,47 @@ async def sweep(
                 for landing in _landings(point, origin):
                     rows.append(await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing))
     return Report(rows)
+
+
+def check_setup(factory: Any, grace_period: float) -> None:
+    """Refuse, before any run, what no row could say anything useful about.
+
+    A factory that is not a class is called once, to see that it makes an executor.
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    if not isinstance(grace_period, (int, float)) or not math.isfinite(grace_period) or grace_period <= 0:
+        raise ValueError(f"the grace period must be a positive number of seconds, not {grace_period!r}")
+    name = getattr(factory, "__qualname__", None) or repr(factory)
+    if not callable(factory):
+        raise ValueError(f"{name} is not an executor class nor a factory that makes one")
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as error:
+        raise ValueError(
+            f"{name} cannot be called without arguments ({error}): give a factory that can"
+        ) from None
+    except ValueError:  # No signature to read (a builtin): calling it will tell.
+        pass
+    if isinstance(factory, type):
+        made: Any = factory
+    else:
+        try:
+            made = factory()
+        except Exception as error:
+            raise ValueError(f"{name}() raised {error!r}") from error
+    if not _executor_like(made):
+        what = (
+            made.__qualname__ if isinstance(made, type) else f"{name}() made {type(made).__qualname__}, which"
+        )
+        raise ValueError(f"{what} is not an AgentExecutor: it needs async execute() and cancel()")
+
+
+def _executor_like(made: Any) -> bool:
+    if isinstance(made, AgentExecutor) or (isinstance(made, type) and issubclass(made, AgentExecutor)):
+        return True
+    return all(inspect.iscoroutinefunction(getattr(made, name, None)) for name in ("execute", "cancel"))
 
 
 def _spec(factory: Any) -> str:
@@ -250,7 +302,7 @@ class _Plan:
 
     async def _row(self, row: Row, point: Point, origin: str, landing: str) -> None:
         interrupt = landing == "interrupted"
-        probe = Probe(target=point.index, pending=landing in ("interrupted", "while pending"))
+        probe = Probe(target=point.key, pending=landing in ("interrupted", "while pending"))
         bound = self.took + self.grace_period + MARGIN + BOUND
         async with _World(self, probe) as world:
             conversation = asyncio.ensure_future(world.converse(bound, race=landing == "follow-up racing"))
@@ -259,12 +311,11 @@ class _Plan:
             if not probe.reached.is_set():
                 reached.cancel()
                 row.failures.append(
-                    f"the run never reached point {point.index} ({point.where}): it took another path"
+                    f"the run never reached {_ordinal(point.occurrence)} {point.kind} {point.path}:"
+                    " it took another path"
                 )
                 return
-            here = probe.points[-1]
-            if (here.kind, here.where) != (point.kind, point.where):
-                row.failures.append(f"point {point.index} is {here.where} in this run, not {point.where}")
+            row.point = next(here for here in probe.points if here.key == point.key)  # This run's.
             await world.land(row, probe, origin, interrupt)
             await asyncio.wait({conversation}, timeout=bound)
             parked = world.stream_parked or world.parked_stream
@@ -287,7 +338,10 @@ class _World:
         self.store = FinalStateTaskStore(InMemoryTaskStore())
         self.configs = InMemoryPushNotificationConfigStore()
         self.push = PushReceiver()
+        note_user(plan.factory)
         self.executor = plan.factory()
+        if isinstance(self.executor, CancellableExecutor):  # As to_a2a's factories make them:
+            self.executor = self.executor.__wrapped__  # our handler wraps it, once, itself.
         self.watched = _Watched(self.executor)
         self.a = self._handler(self.watched, probe=probe)
         self._b: DefaultRequestHandler | None = None
@@ -302,7 +356,7 @@ class _World:
         self.stream_parked = ""  # and the parked state it had seen by then.
         self.threads = set(threading.enumerate())
         self.pool = _TrackedPool()
-        self.owned: set[asyncio.Task[Any]] = set()
+        self.owned: dict[asyncio.Task[Any], str] = {}  # Each with where the executor started it.
 
     def _handler(
         self, executor: Any, poll: float | None = PARKED_LOOKS, probe: Probe | None = None
@@ -337,8 +391,8 @@ class _World:
 
     def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=loop, **kwargs)
-        if checkpoints.current_run() is not None and not _ours(coro):
-            self.owned.add(task)  # Started by the executor's own code, inside a run.
+        if _executors_own() and not _ours(coro):  # The executor's own code started it,
+            self.owned[task] = describe(users_frame(sys._getframe(1)))  # in a run or its cancel().
         return task
 
     # The conversation.
@@ -450,7 +504,8 @@ class _World:
         watched = self.watched
         if watched._self_error is not None:
             error = watched._self_error
-            row.failures.append(f"{self.name}.cancel() raised {type(error).__name__}: {error}")
+            at = _raised_in(error)
+            row.failures.append(f"{self.name}.cancel() raised {type(error).__name__}: {error}{at}")
             if origin != "remote":  # The documented end of that: FAILED, the caller told so.
                 expected, final = "Internal", "FAILED"
         if row.answer == "HANG":
@@ -462,8 +517,12 @@ class _World:
             stop_by = max(answer_bound - took, 0.0) if origin != "local" else 0.0
             if not await _set_within(probe.finished, stop_by):
                 row.failures.append("execute() still ran when the cancel returned: it ignored the cancel")
-            if watched._self_called.is_set() and (watched._self_cut or not watched._self_returned.is_set()):
-                row.failures.append(f"{self.name}.cancel() did not return within the grace period: it hangs")
+            cut = watched._self_cut
+            if watched._self_called.is_set() and (cut is not None or not watched._self_returned.is_set()):
+                at = cut or ""
+                row.failures.append(
+                    f"{self.name}.cancel() did not return within the grace period: it hangs{at}"
+                )
         _expect(row, {"answer": (expected,)})
         _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
         if self.followed_up is not None:
@@ -514,17 +573,22 @@ class _World:
         ends = [index for index, state in enumerate(pushed) if state in TERMINAL]
         if ends and ends[0] < len(pushed) - 1:
             row.failures.append(f"push got {', '.join(pushed[ends[0] + 1 :])} after {pushed[ends[0]]}")
-        for note in probe.late:
-            row.failures.append(f"the run {note}" if note.startswith("went on") else f"reached {note}")
+        row.failures.extend(probe.late)
         for where in probe.cut_shields:
             row.failures.append(f"a shielded section was cut at {where}")
 
     async def check_released(self, row: Row, when: str) -> None:
         if self.plan.released is None:
             return
-        held = self.plan.released(self.executor)
-        if inspect.isawaitable(held):
-            held = await held
+        released = self.plan.released
+        try:
+            held = released(self.executor)
+            if inspect.isawaitable(held):
+                held = await held
+        except Exception as error:  # The callback's own fault, not the run's.
+            name = getattr(released, "__name__", "released")
+            row.failures.append(f"{name}(executor) raised {type(error).__name__}: {error}")
+            return
         if not held:
             row.failures.append(f"released() was false when {when}")
 
@@ -536,16 +600,20 @@ class _World:
             await asyncio.wait(tasks, timeout=grace)
         for task in sorted(tasks, key=lambda task: task.get_name()):
             if not task.done():
+                started = f", started in {self.owned[task]}" if self.owned[task] else ""
                 row.failures.append(
-                    f"a task it started ({_coro_name(task)}) still ran {grace:g} s after {when}"
+                    f"a task it started ({_coro_name(task)}{started}) still ran {grace:g} s after {when}"
                 )
         busy = [work for work in self.pool.works if not work.done()]
         threads = [thread for thread in threading.enumerate() if thread not in self.threads]
         threads = [thread for thread in threads if thread.is_alive() and not self.pool.owns(thread)]
         if busy or threads:
             await asyncio.to_thread(_join, busy, threads, grace)
-        if any(not work.done() for work in busy) or any(thread.is_alive() for thread in threads):
-            row.failures.append(f"a thread it started still ran {grace:g} s after {when}")
+        if any(not work.done() for work in busy) or any(_working(thread) for thread in threads):
+            stuck = [thread for thread in (*self.pool.threads(), *threads) if _working(thread)]
+            running = sorted({describe(users_frame(_frame_of(thread))) for thread in stuck} - {""})
+            in_code = f", in {' and '.join(running)}" if running else ""
+            row.failures.append(f"a thread it started still ran {grace:g} s after {when}{in_code}")
 
 
 def _expect(row: Row, expected: dict[str, tuple[str, ...]]) -> None:
@@ -569,19 +637,21 @@ class _Watched(wrapt.ObjectProxy):  # type: ignore[misc]
         self._self_called = asyncio.Event()
         self._self_returned = asyncio.Event()
         self._self_error: BaseException | None = None
-        self._self_cut = False
+        self._self_cut: str | None = None  # Once cut: where it hung, for people ("" unknown).
 
     async def cancel(self, context: Any, event_queue: Any) -> None:
         self._self_called.set()
+        inside = _IN_CANCEL.set(True)
         try:
             await self.__wrapped__.cancel(context, event_queue)
-        except asyncio.CancelledError:
-            self._self_cut = True  # Cut off at the grace period's end: it hung.
+        except asyncio.CancelledError as cut:
+            self._self_cut = _raised_in(cut)  # Cut off at the grace period's end: it hung.
             raise
         except Exception as error:
             self._self_error = error
             raise
         finally:
+            _IN_CANCEL.reset(inside)
             self._self_returned.set()
 
 
@@ -594,12 +664,20 @@ class _TrackedPool(concurrent.futures.ThreadPoolExecutor):
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         work = super().submit(fn, *args, **kwargs)
-        if checkpoints.current_run() is not None:
+        if _executors_own():
             self.works.append(work)
         return work
 
     def owns(self, thread: threading.Thread) -> bool:
         return thread in self._threads
+
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
+
+
+def _executors_own() -> bool:
+    """Whether what starts here is the executor's: inside a run, or inside its ``cancel()``."""
+    return checkpoints.current_run() is not None or _IN_CANCEL.get()
 
 
 def _join(
@@ -608,7 +686,41 @@ def _join(
     deadline = time.monotonic() + seconds
     concurrent.futures.wait(works, timeout=seconds)
     for thread in threads:
-        thread.join(max(deadline - time.monotonic(), 0.0))
+        # A pool's worker lives on, idle, after its work: waiting for that is all a join can do.
+        # Nothing announces a worker going idle, so it is looked at every few milliseconds.
+        while _working(thread) and time.monotonic() < deadline:
+            thread.join(0.005)
+
+
+# Where a pool's worker thread waits for its next work item: concurrent.futures' (and so
+# asyncio's) on a SimpleQueue, in C, inside _worker; anyio's in queue.Queue.get.
+_IDLE_AT = {("concurrent.futures.thread", "_worker"), ("queue", "get")}
+
+
+def _frame_of(thread: threading.Thread) -> Any:
+    return sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
+
+
+def _working(thread: threading.Thread) -> bool:
+    """Whether ``thread`` still runs something: alive, and not a pool worker waiting for work."""
+    frame = _frame_of(thread)
+    while frame is not None and frame.f_globals.get("__name__") == "threading":
+        frame = frame.f_back  # A lock or condition it waits on: what waits there tells.
+    if frame is None:
+        return thread.is_alive()
+    return (frame.f_globals.get("__name__"), frame.f_code.co_name) not in _IDLE_AT
+
+
+def _raised_in(error: BaseException) -> str:
+    """Where in the user's code ``error`` was raised (or the await it cut), as ", at ..."."""
+    place = ""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if users_frame(traceback.tb_frame) is traceback.tb_frame:
+            code = traceback.tb_frame.f_code
+            place = f"{code.co_name} ({os.path.basename(code.co_filename)}:{traceback.tb_lineno})"
+        traceback = traceback.tb_next
+    return f", at {place}" if place else ""
 
 
 def _ours(coro: Any) -> bool:
@@ -661,9 +773,9 @@ def _scenario(plan: _Plan, row: Row) -> Row:
     lines += [
         "",
         "[cancel]",
-        f"point = {point.index}",
         f"kind = {_string(point.kind)}",
-        f"at = {_string(point.where)}",
+        f"at = {_string(point.path)}" + (f"  # {point.place}" if point.place else ""),
+        f"occurrence = {point.occurrence}",
         f"shielded = {'true' if point.shielded else 'false'}",
         f"origin = {_string(row.origin)}",
         f"landing = {_string(row.landing)}",
@@ -675,6 +787,11 @@ def _scenario(plan: _Plan, row: Row) -> Row:
         lines.append(f"{name} = {value}")
     row.scenario = "\n".join(lines) + "\n"
     return row
+
+
+def _ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
 
 
 def _string(text: str) -> str:
