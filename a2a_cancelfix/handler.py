@@ -23,7 +23,6 @@ from a2a.types import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry

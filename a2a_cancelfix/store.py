@@ -66,10 +66,9 @@ CANCELED it then publishes reaches its streams and push configs through the SDK'
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.context import ServerCallContext
@@ -229,16 +228,30 @@ def _memory_write(store: InMemoryTaskStore) -> _Write:
     """Return the guarded write for an InMemoryTaskStore: check and write under its lock."""
     memory = _sdk.memory_tasks(store)
 
-    async def write(task: Task, context: ServerCallContext) -> int | None:
-        owner = memory.owner_resolver(context)
-        async with _held(memory.lock):
-            stored = memory.tasks.get(owner, {}).get(task.id)
-            if stored is not None and stored.status.state in TERMINAL_STATES:
-                return stored.status.state
-            memory.tasks.setdefault(owner, {})[task.id] = _copy(task) if memory.copying else task
-            return None
+    def check_and_write(task: Task, owner: str) -> int | None:
+        stored = memory.tasks.get(owner, {}).get(task.id)
+        if stored is not None and stored.status.state in TERMINAL_STATES:
+            return stored.status.state
+        memory.tasks.setdefault(owner, {})[task.id] = _copy(task) if memory.copying else task
+        return None
 
-    return write
+    if isinstance(memory.lock, asyncio.Lock):  # 1.0.0-1.1.2
+
+        async def write(task: Task, context: ServerCallContext) -> int | None:
+            owner = memory.owner_resolver(context)
+            async with memory.lock:
+                return check_and_write(task, owner)
+
+        return write
+
+    async def write_held(task: Task, context: ServerCallContext) -> int | None:
+        # threading.RLock: 1.1.3+; never held across an await, as nothing inside awaits. Taken
+        # with no context manager of ours: every save of a message comes through here.
+        owner = memory.owner_resolver(context)
+        with memory.lock:
+            return check_and_write(task, owner)
+
+    return write_held
 
 
 def _copy(task: Task) -> Task:
@@ -246,17 +259,6 @@ def _copy(task: Task) -> Task:
     copy = Task()
     copy.CopyFrom(task)
     return copy
-
-
-@contextlib.asynccontextmanager
-async def _held(lock: Any) -> AsyncIterator[None]:
-    """Hold the in-memory store's lock, whichever kind this release uses."""
-    if isinstance(lock, asyncio.Lock):  # 1.0.0-1.1.2
-        async with lock:
-            yield
-    else:  # threading.RLock: 1.1.3+; never held across an await, as nothing inside awaits
-        with lock:
-            yield
 
 
 class _Refused(Exception):
