@@ -64,3 +64,63 @@ def test_the_readme_shows_what_a_correct_agent_prints() -> None:
     result = subprocess.run(command, cwd=EXAMPLES, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == shown
+
+
+@pytest.mark.asyncio
+async def test_an_adk_server_under_patch_cancels_as_ours_over_json_rpc() -> None:
+    """google-adk's ``to_a2a`` builds the SDK's handler itself, at startup; after ``patch()``
+    that handler is ours, and a cancel mid-run over JSON-RPC answers CANCELED once the model
+    call was interrupted, the sender's stream ending on CANCELED."""
+    pytest.importorskip("google.adk")
+    import asyncio
+
+    import gc
+
+    import adk_agent
+    from a2a.server.request_handlers import DefaultRequestHandlerV2
+    from a2a.types import CancelTaskRequest, SendMessageRequest, TaskState
+    from google.adk.a2a.utils.agent_to_a2a import to_a2a
+    from google.adk.agents import LlmAgent
+
+    import a2a_cancelfix
+    from a2a_cancelfix import _wire
+    from a2a_cancelfix.testing import Stream, message, within
+    from a2a_cancelfix.testing.servers import _payload
+
+    thinking, interrupted = asyncio.Event(), asyncio.Event()
+
+    class SlowModel(adk_agent.ScriptedModel):
+        async def generate_content_async(self, llm_request, stream=False):  # type: ignore[override]
+            thinking.set()
+            try:
+                await asyncio.Event().wait()  # A model that takes its time: the cancel lands here.
+            except asyncio.CancelledError:
+                interrupted.set()
+                raise
+            yield  # pragma: no cover
+
+    async def payloads(responses):
+        async for response in responses:
+            yield _payload(response)
+
+    a2a_cancelfix.patch(cancel_grace_period=GRACE)
+    try:
+        listener = _wire.free_socket()
+        port = listener.getsockname()[1]
+        app = to_a2a(LlmAgent(name="slow", model=SlowModel()), host="127.0.0.1", port=port)
+        # The app builds its handler (ours, now) at startup, in its lifespan.
+        async with app.router.lifespan_context(app), _wire.uvicorn_serving(app, listener):
+            built = [each for each in gc.get_objects() if isinstance(each, DefaultRequestHandlerV2)]
+            assert built and all("_lifecycle" in each.__dict__ for each in built)  # ADK's handler is ours.
+            endpoint = _wire.Endpoint("jsonrpc", f"http://127.0.0.1:{port}/", frozenset, asyncio.Event())
+            async with _wire.connect(endpoint) as client, _wire.connect(endpoint) as canceller:
+                sent = Stream(payloads(client.send_message(SendMessageRequest(message=message()))))
+                await within(thinking.wait())
+                await sent.until(lambda: sent.last == "WORKING")
+                task_id = sent.events[0].id if hasattr(sent.events[0], "id") else sent.events[0].task_id
+                answer = await within(canceller.cancel_task(CancelTaskRequest(id=task_id)), 5.0)
+                assert interrupted.is_set()  # The work stopped before the answer.
+                assert answer.status.state == TaskState.TASK_STATE_CANCELED
+                assert await sent.ended() and sent.last == "CANCELED"
+    finally:
+        a2a_cancelfix.unpatch()
