@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterator
@@ -13,9 +14,10 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
 
 import a2a_cancelfix
-from a2a_cancelfix import _sdk
+from a2a_cancelfix import _sdk, _wire
 from a2a_cancelfix.scenarios import SCENARIOS, Scenario, run_scenario
 from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Server, cancel, make_server, start, within
+from a2a_cancelfix.testing.servers import OverTheWire
 
 ids = [scenario.name for scenario in SCENARIOS]
 
@@ -58,11 +60,15 @@ def arguments(executor: ScriptedExecutor) -> dict:
 
 @pytest.mark.asyncio
 async def test_a_subclass_defined_before_patch_gets_ours(patched: None) -> None:
-    """A framework's subclass of the SDK's handler, defined at import, cancels as ours does."""
+    """A framework's subclass of the SDK's handler, defined at import (as a2a-lite's is), cancels
+    as ours does over JSON-RPC: the sender's stream ends on CANCELED (stock's, on WORKING)."""
     executor = ScriptedExecutor()
     handler = FrameworkHandler(**arguments(executor))
     assert handler.framework and handler.cancel_grace_period == GRACE
-    assert await stream_after_cancel(served(handler, executor)) == "CANCELED"
+    server = served(handler, executor)
+    async with _wire.serve(handler, "jsonrpc") as endpoint:
+        server = dataclasses.replace(server, calls=OverTheWire(handler, endpoint))
+        assert await stream_after_cancel(server) == "CANCELED"
 
 
 @pytest.mark.asyncio

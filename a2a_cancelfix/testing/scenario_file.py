@@ -37,7 +37,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a2a_cancelfix.testing._probe import Point
-from a2a_cancelfix.testing.sweep import Report, _landings, _Plan, check_setup
+from a2a_cancelfix.testing.sweep import Plan, Report, check_setup, landings_at
 from a2a_cancelfix.testing.waits import in_own_loop
 
 try:
@@ -101,7 +101,7 @@ def read(path: str | Path) -> _Scenario:
         raise ScenarioError(f"{path} is not a scenario file: {problems}") from None
     cancel = scenario.cancel
     point = Point(-1, cancel.kind, cancel.at, shielded=cancel.shielded)
-    landings = _landings(point, cancel.origin)
+    landings = landings_at(point, cancel.origin)
     if cancel.landing not in landings:
         raise ScenarioError(
             f"{path} is not a scenario file: landing = {cancel.landing!r} is not a landing of a"
@@ -157,7 +157,7 @@ def play(path: str | Path) -> Report:
     check_setup(factory, scenario.grace_period)
     cancel = scenario.cancel
     point = Point(-1, cancel.kind, cancel.at, "", cancel.occurrence, cancel.shielded)
-    plan = _Plan(factory, scenario.messages, scenario.grace_period, released, scenario.executor)
+    plan = Plan(factory, scenario.messages, scenario.grace_period, released, scenario.executor)
     plan.expect = {
         name: _allowed(value) for name, value in scenario.expect.model_dump(exclude_none=True).items()
     }

@@ -191,13 +191,13 @@ async def sweep(
     if unknown or not messages:
         raise ValueError(f"origins must be among {ORIGINS}, not {sorted(unknown)}; and one message at least")
     check_setup(executor_factory, grace_period)
-    plan = _Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
+    plan = Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
     contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast)
     rows = [contrast]
     if contrast.ok:
         for point in points:
             for origin in origins:
-                for landing in _landings(point, origin):
+                for landing in landings_at(point, origin):
                     rows.append(await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing))
     return Report(rows)
 
@@ -249,7 +249,7 @@ def _spec(factory: Any) -> str:
     return f"{module}:{name}" if module and name and "<" not in name else ""
 
 
-def _landings(point: Point, origin: str) -> tuple[str, ...]:
+def landings_at(point: Point, origin: str) -> tuple[str, ...]:
     if point.kind == "await" and origin == "local":
         # During the await: the interrupt lands on it, or, shielded, must wait for it.
         return ("as it returns", "while pending" if point.shielded else "interrupted")
@@ -261,7 +261,7 @@ def _landings(point: Point, origin: str) -> tuple[str, ...]:
 
 
 @dataclass
-class _Plan:
+class Plan:
     factory: Factory
     messages: list[str]
     grace_period: float
@@ -333,7 +333,7 @@ class _Plan:
 class _World:
     """One run's servers: replica A runs the task, replica B shares its store."""
 
-    def __init__(self, plan: _Plan, probe: Probe) -> None:
+    def __init__(self, plan: Plan, probe: Probe) -> None:
         self.plan, self.probe = plan, probe
         self.store = FinalStateTaskStore(InMemoryTaskStore())
         self.configs = InMemoryPushNotificationConfigStore()
@@ -756,7 +756,7 @@ async def _set_within(event: asyncio.Event, seconds: float) -> bool:
     return event.is_set()
 
 
-def _scenario(plan: _Plan, row: Row) -> Row:
+def _scenario(plan: Plan, row: Row) -> Row:
     """Give ``row`` the scenario file that replays it, expecting what the sweep expected."""
     point = row.point
     if point is None:
