@@ -180,7 +180,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message_id = self._lifecycle, params.message.message_id
-        if params.message.task_id:
+        follow_up = bool(params.message.task_id)
+        if follow_up:
             await self._refuse_if_ended(params, context)
             lifecycle.follow_up_accepted(message_id)
         events = _sdk_stream(self, params, context)
@@ -189,9 +190,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             async for event in events:
                 state = _sdk.terminal_state(event)
                 if state is not None:
-                    if _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
+                    if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
                         raise _ended_first(params, state)
-                    if _task_id_of(event) in self._remote.refused_tasks:
+                    if self._remote.refused_tasks and _task_id_of(event) in self._remote.refused_tasks:
                         event = await self._remote.as_stored(event, context)
                 yield event
                 if state is None:
@@ -213,7 +214,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             raise _failed(params.message.task_id, error) from error
         finally:
-            if params.message.task_id:
+            if follow_up:
                 lifecycle.follow_up_unprocessed(message_id)
             if not drained:
                 await events.aclose()
