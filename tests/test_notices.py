@@ -455,7 +455,7 @@ async def test_reconnects_that_keep_failing_leave_polling_alone(tmp_path: Path) 
         store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices)
         a = make_server("ours", PollingExecutor(), store=store, replica_poll_interval=HOUR)
         try:
-            await start(a)
+            sent = await start(a)
             run = a.handler.agent_executor.cancel_lifecycle.works[a.executor.task_id].run
             due = run.next_look
             await listening.changes.until(lambda: listening.attempts >= 3)  # Two failures seen.
@@ -463,5 +463,7 @@ async def test_reconnects_that_keep_failing_leave_polling_alone(tmp_path: Path) 
         finally:
             a.executor.released.set()
             await within(a.executor.stopped.wait())
+            assert await sent.ended()
+            await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
             await within(a.handler.aclose())
             await client.aclose()
