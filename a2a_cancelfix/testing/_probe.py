@@ -25,7 +25,7 @@ import a2a
 
 import a2a_cancelfix
 from a2a_cancelfix import checkpoints
-from a2a_cancelfix._sdk import terminal_state
+from a2a_cancelfix._sdk import state_name, terminal_state
 from a2a_cancelfix.checkpoints import Run, RunCancelled
 
 # An await that suspends inside a2a-sdk or us is the framework's, no point of the user's; one
@@ -419,7 +419,5 @@ def _place(frame: types.FrameType) -> str:
 def _event_name(event: Any) -> str:
     state = getattr(getattr(event, "status", None), "state", None)
     if state is not None:
-        from a2a.types import TaskState
-
-        return TaskState.Name(state).removeprefix("TASK_STATE_")
+        return state_name(state)
     return type(event).__name__

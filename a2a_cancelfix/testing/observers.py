@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from a2a.types import Task, TaskState, TaskStatusUpdateEvent
+from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _wire
+from a2a_cancelfix._sdk import state_name
 from a2a_cancelfix.testing.waits import BOUND, Changes
 
 
@@ -134,5 +135,5 @@ class Stream:
 def state_of(event: Any) -> str | None:
     """The state a Task or status update shows, without its ``TASK_STATE_`` prefix; None for other events."""
     if isinstance(event, (Task, TaskStatusUpdateEvent)):
-        return TaskState.Name(event.status.state).removeprefix("TASK_STATE_")
+        return state_name(event.status.state)
     return None
