@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from a2a_cancelfix import __main__ as cli
-from a2a_cancelfix import check, scenarios
-from a2a_cancelfix.check import EXIT_CODES
+from a2a_cancelfix.tools import cli
+from a2a_cancelfix.tools import check, scenarios
+from a2a_cancelfix.tools.check import EXIT_CODES
 
 GRPC_HINT = "pip install 'a2a-sdk[grpc]'"
 

@@ -7,7 +7,7 @@ import logging
 import httpx
 import pytest
 
-from a2a_cancelfix import demo
+from a2a_cancelfix.tools import demo
 from a2a_cancelfix._sdk import SDK_VERSION
 
 

@@ -83,7 +83,7 @@ async def test_an_adk_server_under_patch_cancels_as_ours_over_json_rpc() -> None
     from google.adk.agents import LlmAgent
 
     import a2a_cancelfix
-    from a2a_cancelfix import _wire
+    from a2a_cancelfix.testing import _wire
     from a2a_cancelfix.testing import Stream, message, within
     from a2a_cancelfix.testing.servers import _payload
 

@@ -14,8 +14,9 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
 
 import a2a_cancelfix
-from a2a_cancelfix import _sdk, _wire
-from a2a_cancelfix.scenarios import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix import _sdk
+from a2a_cancelfix.testing import _wire
+from a2a_cancelfix.tools.scenarios import SCENARIOS, Scenario, run_scenario
 from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Server, cancel, make_server, start, within
 from a2a_cancelfix.testing.servers import OverTheWire
 

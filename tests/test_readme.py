@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix.scenarios import SCENARIOS
+from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, WRAPPED
 

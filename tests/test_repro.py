@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix import __main__ as cli
-from a2a_cancelfix import repro, scenarios
-from a2a_cancelfix.scenarios import SCENARIOS
+from a2a_cancelfix.tools import cli
+from a2a_cancelfix.tools import repro, scenarios
+from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, column
 

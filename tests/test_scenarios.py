@@ -2,7 +2,7 @@
 
 import pytest
 
-from a2a_cancelfix.scenarios import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.tools.scenarios import SCENARIOS, Scenario, run_scenario
 from a2a_cancelfix.testing import IN_PROCESS
 
 from .expected import COLUMNS, STOCK, STOCK_IN_PROCESS, WRAPPED, column

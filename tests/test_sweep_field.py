@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix.__main__ import main
+from a2a_cancelfix.tools.cli import main
 from a2a_cancelfix.testing import play, sweep
 from a2a_cancelfix.testing.examples import Pipeline
 from a2a_cancelfix.testing.scenario_file import ScenarioError

@@ -27,7 +27,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from a2a_cancelfix import FinalStateTaskStore, lifecycle, scenarios
+from a2a_cancelfix import FinalStateTaskStore, lifecycle
+from a2a_cancelfix.tools import scenarios
 from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
 
 from .support import logged

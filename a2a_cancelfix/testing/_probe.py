@@ -34,7 +34,7 @@ _FRAMEWORK = tuple(os.path.dirname(module.__file__ or "") + os.sep for module in
 _LIBRARIES = tuple({sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "purelib", "platlib")})
 # Executors of ours that the sweep treats as a user's: the demo agent and the examples.
 _OURS_AS_USERS = (
-    os.path.join(_FRAMEWORK[1], "demo.py"),
+    os.path.join(_FRAMEWORK[1], "tools", "demo.py"),
     os.path.join(_FRAMEWORK[1], "testing", "examples.py"),
 )
 _STEP_WRAPPERS = ("async_step", "sync_step")  # @cancellable's: transparent.

@@ -35,7 +35,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _wire
+from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.testing.executors import ScriptedExecutor

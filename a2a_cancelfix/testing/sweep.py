@@ -40,7 +40,8 @@ from a2a.types import (
     TaskPushNotificationConfig,
 )
 
-from a2a_cancelfix import _wire, checkpoints
+from a2a_cancelfix import checkpoints
+from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.lifecycle import MARGIN

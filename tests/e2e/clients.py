@@ -14,7 +14,7 @@ import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.types import CancelTaskRequest, StreamResponse, TaskState, a2a_pb2_grpc
 
-from a2a_cancelfix._wire import BINDINGS
+from a2a_cancelfix.testing._wire import BINDINGS
 
 from .servers import Agent
 

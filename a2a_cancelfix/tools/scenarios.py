@@ -26,7 +26,8 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _sdk, _wire
+from a2a_cancelfix import _sdk
+from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import Stream, state_of
 from a2a_cancelfix.testing.servers import (

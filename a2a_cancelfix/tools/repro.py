@@ -13,9 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from a2a_cancelfix import scenarios
+from a2a_cancelfix.tools import scenarios
 from a2a_cancelfix._sdk import SDK_VERSION
-from a2a_cancelfix.scenarios import NOT_RUN, Scenario
+from a2a_cancelfix.tools.scenarios import NOT_RUN, Scenario
 from a2a_cancelfix.testing.waits import BOUND
 
 __all__ = ["NoRepro", "script_for"]
