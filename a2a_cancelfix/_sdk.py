@@ -228,11 +228,6 @@ async def has_run(handler: DefaultRequestHandlerV2, task_id: str) -> bool:
     return SUPPORTED and await handler._active_task_registry.get(task_id) is not None
 
 
-def run_count(handler: DefaultRequestHandlerV2) -> int:
-    """How many runs the handler's registry holds."""
-    return len(handler._active_task_registry._active_tasks) if SUPPORTED else 0  # 1.0.0-1.3.0
-
-
 async def read_task(
     handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext
 ) -> Task | None:

@@ -21,6 +21,8 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from a2a_cancelfix._aio import keep, wait_set
 
+__all__ = ["Probe", "RunCancelled", "cancel_requested", "cancellable", "checkpoint", "on_cancel", "shielded"]
+
 logger = logging.getLogger("a2a_cancelfix")
 
 P = ParamSpec("P")

@@ -21,6 +21,8 @@ from a2a.types import TaskState
 from a2a_cancelfix._sdk import SDK_VERSION
 
 logging.basicConfig(level=logging.CRITICAL)
+# The suite's helpers some benchmarks share (tests/fleet.py): the repository root is importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class QuickExecutor(AgentExecutor):

@@ -14,7 +14,8 @@ import asyncio
 import json
 
 from _common import clock, header, in_processes, percentile, ratio, settle
-from a2a_cancelfix.testing import GRACE, ScriptedExecutor, cancel, make_server, start
+from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server, start
+from a2a_cancelfix.testing.servers import GRACE
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
 

@@ -11,8 +11,7 @@ import tracemalloc
 
 from _common import clock, header, in_processes, ratio, settle
 from a2a_cancelfix.testing import cancel, make_server
-from a2a_cancelfix.testing.executors import FleetExecutor
-from a2a_cancelfix.testing.servers import start_fleet
+from tests.fleet import FleetExecutor, start_fleet
 
 
 async def cancel_all(

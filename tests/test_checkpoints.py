@@ -27,7 +27,6 @@ from a2a_cancelfix import (
 )
 from a2a_cancelfix.testing import (
     BOUND,
-    GRACE,
     Gate,
     ScriptedExecutor,
     caller,
@@ -38,6 +37,7 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.servers import GRACE
 
 SLACK = 1.5
 

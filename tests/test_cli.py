@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from a2a_cancelfix.tools import cli
-from a2a_cancelfix.tools import check, scenarios
+from a2a_cancelfix.tools import check, cli, scenarios
 from a2a_cancelfix.tools.check import EXIT_CODES
 
 GRPC_HINT = "pip install 'a2a-sdk[grpc]'"

@@ -7,8 +7,8 @@ import logging
 import httpx
 import pytest
 
-from a2a_cancelfix.tools import demo
 from a2a_cancelfix._sdk import SDK_VERSION
+from a2a_cancelfix.tools import demo
 
 
 def demo_sdk_maps_to_conflict() -> bool:

@@ -73,7 +73,6 @@ async def test_an_adk_server_under_patch_cancels_as_ours_over_json_rpc() -> None
     call was interrupted, the sender's stream ending on CANCELED."""
     pytest.importorskip("google.adk")
     import asyncio
-
     import gc
 
     import adk_agent
@@ -83,8 +82,7 @@ async def test_an_adk_server_under_patch_cancels_as_ours_over_json_rpc() -> None
     from google.adk.agents import LlmAgent
 
     import a2a_cancelfix
-    from a2a_cancelfix.testing import _wire
-    from a2a_cancelfix.testing import Stream, message, within
+    from a2a_cancelfix.testing import Stream, _wire, message, within
     from a2a_cancelfix.testing.servers import _payload
 
     thinking, interrupted = asyncio.Event(), asyncio.Event()

@@ -10,12 +10,16 @@ import httpx
 import pytest
 import wrapt
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
-from a2a.server.tasks import BasePushNotificationSender, InMemoryPushNotificationConfigStore, InMemoryTaskStore
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+)
 from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
-    TaskState,
     TaskNotCancelableError,
+    TaskState,
     UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError
@@ -24,8 +28,6 @@ from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, FinalState
 from a2a_cancelfix import lifecycle as lifecycle_module
 from a2a_cancelfix.testing import (
     BOUND,
-    GRACE,
-    Calls,
     Changes,
     Gate,
     PushReceiver,
@@ -43,6 +45,7 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.servers import GRACE, Calls
 from a2a_cancelfix.testing.waits import eventually
 
 from .support import logged, set_within, tasks_since

@@ -34,7 +34,6 @@ from a2a_cancelfix import (
 )
 from a2a_cancelfix.lifecycle import MARGIN, Lifecycle, Settings
 from a2a_cancelfix.testing import (
-    GRACE,
     Gate,
     ScriptedExecutor,
     Stream,
@@ -48,6 +47,7 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.servers import GRACE
 from a2a_cancelfix.testing.waits import eventually
 
 from .expected import COLUMNS, column

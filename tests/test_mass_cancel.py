@@ -10,10 +10,9 @@ from a2a.server.agent_execution.active_task import ActiveTask
 from a2a_cancelfix import _sdk
 from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.testing import caller, cancel, make_server, within
-from a2a_cancelfix.testing.executors import FleetExecutor
-from a2a_cancelfix.testing.servers import start_fleet
 from a2a_cancelfix.testing.waits import eventually
 
+from .fleet import FleetExecutor, start_fleet
 from .support import tasks_since
 
 COUNT = 200
@@ -39,14 +38,8 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
     try:
         before = tracemalloc.take_snapshot().filter_traces(LOOP_TABLES)
         runs_before = _live(ActiveTask)
-        baseline_tasks = asyncio.all_tasks()
-
-        def drained() -> bool:
-            return not _sdk.run_count(server.handler) and not tasks_since(baseline_tasks)
-
         for _ in range(ROUNDS):
             assert await _round(server, COUNT) == {"CANCELED"}
-            await eventually(drained, 10)
             await _forget_stored_tasks(server)
         gc.collect()
         after = tracemalloc.take_snapshot().filter_traces(LOOP_TABLES)
@@ -61,11 +54,19 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
 
 
 async def _round(server, count: int) -> set[str]:
+    """Cancel ``count`` tasks at once; return once no run nor task of theirs is left."""
+    before = asyncio.all_tasks()
     streams = await start_fleet(server, count)
     outcomes = await within(asyncio.gather(*(cancel(server, task_id) for task_id in streams)), 30)
     for stream in streams.values():
         assert await stream.ended(10)
         assert stream.last in ("CANCELED", "INPUT_REQUIRED")  # A parked sender's stream ended earlier.
+
+    async def drained() -> bool:
+        runs = [await _sdk.has_run(server.handler, task_id) for task_id in streams]
+        return not any(runs) and not tasks_since(before)
+
+    await eventually(drained, 10)
     return set(outcomes)
 
 

@@ -15,10 +15,9 @@ from a2a.server.tasks import InMemoryTaskStore
 
 import a2a_cancelfix
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.testing import _wire
+from a2a_cancelfix.testing import ScriptedExecutor, Server, _wire, cancel, make_server, start, within
+from a2a_cancelfix.testing.servers import GRACE, OverTheWire
 from a2a_cancelfix.tools.scenarios import SCENARIOS, Scenario, run_scenario
-from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Server, cancel, make_server, start, within
-from a2a_cancelfix.testing.servers import OverTheWire
 
 ids = [scenario.name for scenario in SCENARIOS]
 

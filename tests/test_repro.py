@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix.tools import cli
-from a2a_cancelfix.tools import repro, scenarios
+from a2a_cancelfix.tools import cli, repro, scenarios
 from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, column

@@ -2,8 +2,8 @@
 
 import pytest
 
-from a2a_cancelfix.tools.scenarios import SCENARIOS, Scenario, run_scenario
 from a2a_cancelfix.testing import IN_PROCESS
+from a2a_cancelfix.tools.scenarios import SCENARIOS, Scenario, run_scenario
 
 from .expected import COLUMNS, STOCK, STOCK_IN_PROCESS, WRAPPED, column
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix.tools.cli import main
-from a2a_cancelfix.tools.demo import DemoAgent
 from a2a_cancelfix.testing import Report, play, sweep
 from a2a_cancelfix.testing.examples import Pipeline, claim_released
+from a2a_cancelfix.tools.cli import main
+from a2a_cancelfix.tools.demo import DemoAgent
 
 from . import sweep_executors as broken
 

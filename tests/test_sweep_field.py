@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix.tools.cli import main
 from a2a_cancelfix.testing import play, sweep
 from a2a_cancelfix.testing.examples import Pipeline
 from a2a_cancelfix.testing.scenario_file import ScenarioError
+from a2a_cancelfix.tools.cli import main
 
 from . import field_executors as field
 from .test_sweep import GRACE, ROOT, swept

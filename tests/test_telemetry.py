@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from a2a_cancelfix import FinalStateTaskStore, lifecycle
-from a2a_cancelfix.tools import scenarios
 from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
+from a2a_cancelfix.tools import scenarios
 
 from .support import logged
 

@@ -23,11 +23,8 @@ from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.scenario_file import play
 from a2a_cancelfix.testing.servers import (
-    GRACE,
     IN_PROCESS,
     Bench,
-    Calls,
-    NamedUser,
     Server,
     caller,
     cancel,
@@ -43,14 +40,11 @@ from a2a_cancelfix.testing.waits import BOUND, Changes, Gate, wait_all_tasks_blo
 
 __all__ = [
     "BOUND",
-    "GRACE",
     "IN_PROCESS",
     "ORIGINS",
     "Bench",
-    "Calls",
     "Changes",
     "Gate",
-    "NamedUser",
     "Point",
     "PushReceiver",
     "Report",

@@ -21,6 +21,8 @@ from a2a.types import TaskState
 
 from a2a_cancelfix import cancellable, checkpoint, shielded
 
+__all__ = ["Pipeline", "claim_released"]
+
 LATENCY = 0.001
 """Seconds each call to the outside world takes here."""
 

@@ -126,36 +126,6 @@ def _token(context: RequestContext, index: int) -> TaskArtifactUpdateEvent:
     )
 
 
-class FleetExecutor(AgentExecutor):
-    """Many tasks at once: a message saying "park" asks for input, any other works until released.
-
-    For mass cancels (``start_fleet`` starts them): this package's own test and benchmark.
-
-    Args:
-        publishes: ``cancel()`` publishes CANCELED itself; by default it is empty.
-    """
-
-    def __init__(self, publishes: bool = False) -> None:
-        self.released = asyncio.Event()
-        self.publishes = publishes
-
-    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        task_id, context_id = context.task_id or "", context.context_id or ""
-        if context.current_task is None:
-            await event_queue.enqueue_event(new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED))
-        updater = TaskUpdater(event_queue, task_id, context_id)
-        if context.get_user_input() == "park":
-            await updater.requires_input()
-            return
-        await updater.start_work()
-        await self.released.wait()
-        await updater.complete()
-
-    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        if self.publishes:
-            await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
-
-
 def _io(seconds: float) -> None:
     """Stand in for the network round trip of a real ``cancel()``."""
     import time

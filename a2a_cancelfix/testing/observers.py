@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from a2a.types import Task, TaskStatusUpdateEvent
 
-from a2a_cancelfix.testing import _wire
 from a2a_cancelfix._sdk import state_name
+from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.waits import BOUND, Changes
 
 

@@ -3,10 +3,9 @@ reached in process or over a real socket; and the calls a scenario makes on them
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +34,12 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
+from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
-from a2a_cancelfix.testing.waits import BOUND, Changes, within
+from a2a_cancelfix.testing.waits import Changes, within
 
 GRACE = 0.3
 """The grace period the scenarios give our handler."""
@@ -338,33 +337,3 @@ async def outcome(call: Awaitable[Task | None]) -> str:
     except Exception as error:  # A stock handler may leak the executor's own exception.
         return f"raised {type(error).__name__}"
     return state_of(task) or "nothing"
-
-
-async def start_fleet(server: Server, count: int) -> dict[str, Stream]:
-    """Start ``count`` streamed tasks, half working and half parked; wait until all are stored so.
-
-    For a ``FleetExecutor``'s server; each stream by its task's id.
-    """
-    settled = asyncio.Event()
-    seen: set[int] = set()
-
-    def note(index: int) -> Callable[[Any], None]:
-        def on_event(event: Any) -> None:
-            if state_of(event) in ("WORKING", "INPUT_REQUIRED"):
-                seen.add(index)
-                if len(seen) == count:
-                    settled.set()
-
-        return on_event
-
-    streams = [
-        Stream(
-            server.handler.on_message_send_stream(
-                SendMessageRequest(message=message("park" if index % 2 else "work")), caller()
-            ),
-            note(index),
-        )
-        for index in range(count)
-    ]
-    await within(settled.wait(), BOUND + count / 20)
-    return {stream.events[0].id: stream for stream in streams}

@@ -41,11 +41,11 @@ from a2a.types import (
 )
 
 from a2a_cancelfix import checkpoints
-from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.store import FinalStateTaskStore
+from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.servers import caller, message, outcome

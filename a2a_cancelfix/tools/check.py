@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from a2a_cancelfix.tools import scenarios
 from a2a_cancelfix._sdk import SDK_VERSION
-from a2a_cancelfix.tools.scenarios import NOT_RUN
 from a2a_cancelfix.testing.servers import HANDLERS
+from a2a_cancelfix.tools import scenarios
+from a2a_cancelfix.tools.scenarios import NOT_RUN
 
 
 @dataclass

@@ -13,10 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from a2a_cancelfix.tools import scenarios
 from a2a_cancelfix._sdk import SDK_VERSION
-from a2a_cancelfix.tools.scenarios import NOT_RUN, Scenario
 from a2a_cancelfix.testing.waits import BOUND
+from a2a_cancelfix.tools import scenarios
+from a2a_cancelfix.tools.scenarios import NOT_RUN, Scenario
 
 __all__ = ["NoRepro", "script_for"]
 

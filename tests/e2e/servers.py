@@ -31,8 +31,8 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from a2a_cancelfix import DefaultRequestHandler
-from a2a_cancelfix.testing._wire import agent_card, bearer_names, free_socket, uvicorn_serving
 from a2a_cancelfix.testing import Changes, ScriptedExecutor
+from a2a_cancelfix.testing._wire import agent_card, bearer_names, free_socket, uvicorn_serving
 
 TRANSPORTS = ("jsonrpc", "rest", "grpc")
 GRACE = 0.5
