@@ -74,6 +74,8 @@ class Run:
         watch: called at most once per ``interval`` from an awaited checkpoint (and before
             a terminal event is enqueued) to learn of a cancel recorded elsewhere, such as
             by another replica in a shared task store; it calls ``cancel`` when it finds one.
+        interval: seconds between two looks from checkpoints; the default, ``math.inf``,
+            leaves the pace to ``poll_every`` (the handler passes its poll interval).
         probe: the testing kit's `Probe`: the run then looks at every checkpoint.
     """
 
@@ -81,7 +83,7 @@ class Run:
         self,
         task_id: str,
         watch: Callable[[], Awaitable[None]] | None = None,
-        interval: float = 1.0,
+        interval: float = math.inf,
         probe: Probe | None = None,
     ) -> None:
         self.task_id = task_id

@@ -96,9 +96,11 @@ class RemoteCancels:
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
         self.watching = False
-        self.notices = store.notices if isinstance(store, FinalStateTaskStore) else None
-        if isinstance(store, FinalStateTaskStore):
-            store.on_final.append(self.refused)
+        # The store tells of its refusals until `aclose`.
+        self._guarded = store if isinstance(store, FinalStateTaskStore) else None
+        self.notices = None if self._guarded is None else self._guarded.notices
+        if self._guarded is not None:
+            self._guarded.on_final.append(self.refused)
         self.poll = self.interval = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
             if solo is not None:
@@ -135,7 +137,7 @@ class RemoteCancels:
         if work is not None:
             keep(work.run.look())  # Finding CANCELED, it cancels the run here.
         elif task_id in lifecycle.parked:
-            keep(self._look_at_parked(task_id))
+            keep(self._end_parked_if_cancelled(task_id))
 
     def refused(self, task_id: str) -> None:
         """The store refused a save of ``task_id`` over the end it holds: look now, and let
@@ -199,7 +201,9 @@ class RemoteCancels:
             self.must_listen = False
 
     async def aclose(self) -> None:
-        """Stop hearing notices."""
+        """Stop hearing notices and the store's refusals (the server shuts down)."""
+        if self._guarded is not None and self.refused in self._guarded.on_final:
+            self._guarded.on_final.remove(self.refused)
         listener, self._listener = self._listener, None
         self.must_listen = self.notices is not None
         if listener is not None:
@@ -214,7 +218,7 @@ class RemoteCancels:
         for work in list(lifecycle.works.values()):
             keep(work.run.look())
         if lifecycle.parked:
-            keep(self._looks_at_parked())
+            keep(self._look_at_every_parked())
 
     def _unheard(self) -> None:
         """The notices are lost: poll as without them until they are back."""
@@ -240,21 +244,21 @@ class RemoteCancels:
         """Look at the parked tasks after one poll interval: one timer for all of them."""
         interval = self.interval
         if self._parked_looks is None and interval != math.inf:
-            self._parked_looks = asyncio.get_running_loop().call_later(interval, self._look_at_all_parked)
+            self._parked_looks = asyncio.get_running_loop().call_later(interval, self._parked_looks_due)
 
-    def _look_at_all_parked(self) -> None:
+    def _parked_looks_due(self) -> None:
         self._parked_looks = None
-        keep(self._looks_at_parked())
+        keep(self._look_at_every_parked())
 
-    async def _looks_at_parked(self) -> None:
+    async def _look_at_every_parked(self) -> None:
         """Look at each parked task; while polling, again after one interval."""
         parked = self.lifecycle.parked
         for task_id in list(parked):
-            await self._look_at_parked(task_id)
+            await self._end_parked_if_cancelled(task_id)
         if parked:
             self.look_at_parked_soon()
 
-    async def _look_at_parked(self, task_id: str) -> None:
+    async def _end_parked_if_cancelled(self, task_id: str) -> None:
         """Cancel here a parked task that another replica cancelled in the store.
 
         Its run here is still live (the SDK keeps it for the follow-up), with its subscribers

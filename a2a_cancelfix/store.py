@@ -95,7 +95,7 @@ _Announce = Callable[[Any, str], Awaitable[None]]
 _TERMINAL_NAMES = sorted(
     name
     for state in TERMINAL_STATES
-    for name in (TaskState.Name(state), TaskState.Name(state).removeprefix("TASK_STATE_").lower())
+    for name in (TaskState.Name(state), _sdk.state_name(state).lower())
 )
 
 

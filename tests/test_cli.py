@@ -46,12 +46,12 @@ def verdict_lines(output: str) -> list[str]:
 
 
 PASSES = {"stock": "CANCELED", "wrapped": "CANCELED", "ours": "CANCELED"}
-GRPC_NOT_RUN = check.Row(
+GRPC_NOT_RUN = check.ScenarioOutcomes(
     "client leaves mid-cancel, gRPC", dict.fromkeys(PASSES, f"NOT RUN ({GRPC_HINT})"), "task ends CANCELED"
 )
 
 
-def report_on(monkeypatch, *rows: check.Row) -> None:
+def report_on(monkeypatch, *rows: check.ScenarioOutcomes) -> None:
     """Have check report ``rows`` as if its scenarios had run them: the verdict and the exit
     status alone, whatever a loaded machine makes of a real scenario's 2.5 s bound."""
     monkeypatch.setattr(check, "run_all", lambda: list(rows))
@@ -78,9 +78,9 @@ def test_check_table_ends_with_the_verdict_naming_what_stock_fails(monkeypatch, 
     with what stock showed, and how to get a script for an upstream report."""
     fixed = {"stock": "CANCELED", "wrapped": "CANCELED", "ours": "CANCELED"}
     rows = [
-        check.Row("stays WORKING", {**fixed, "stock": "WORKING"}, "CANCELED"),
-        check.Row("fixed upstream", fixed, "CANCELED"),
-        check.Row("hangs", {**fixed, "stock": "HANG"}, "CANCELED"),
+        check.ScenarioOutcomes("stays WORKING", {**fixed, "stock": "WORKING"}, "CANCELED"),
+        check.ScenarioOutcomes("fixed upstream", fixed, "CANCELED"),
+        check.ScenarioOutcomes("hangs", {**fixed, "stock": "HANG"}, "CANCELED"),
     ]
     monkeypatch.setattr(check, "run_all", lambda: rows)
     assert cli.main(["check"]) == 0
@@ -144,7 +144,7 @@ def test_check_says_when_the_package_can_go(one_stock_passes, capsys) -> None:
 def test_fail_when_removable_exits_3_once_the_package_can_go(monkeypatch, capsys) -> None:
     """Every scenario ran and stock passes each: exit 0, or 3 with --fail-when-removable; the
     JSON says removable."""
-    report_on(monkeypatch, check.Row("fixed upstream", PASSES, "CANCELED"))
+    report_on(monkeypatch, check.ScenarioOutcomes("fixed upstream", PASSES, "CANCELED"))
     assert cli.main(["check"]) == 0
     assert cli.main(["check", "--fail-when-removable"]) == 3
     capsys.readouterr()
@@ -154,9 +154,9 @@ def test_fail_when_removable_exits_3_once_the_package_can_go(monkeypatch, capsys
 
 def test_a_needed_package_is_not_removable(monkeypatch) -> None:
     """While stock fails a scenario, or one did not run, --fail-when-removable exits 0."""
-    report_on(monkeypatch, check.Row("hangs", {**PASSES, "stock": "HANG"}, "CANCELED"))
+    report_on(monkeypatch, check.ScenarioOutcomes("hangs", {**PASSES, "stock": "HANG"}, "CANCELED"))
     assert cli.main(["check", "--fail-when-removable"]) == 0
-    report_on(monkeypatch, check.Row("fixed upstream", PASSES, "CANCELED"), GRPC_NOT_RUN)
+    report_on(monkeypatch, check.ScenarioOutcomes("fixed upstream", PASSES, "CANCELED"), GRPC_NOT_RUN)
     assert cli.main(["check", "--fail-when-removable"]) == 0
 
 
@@ -175,7 +175,7 @@ def test_a_transport_not_installed_is_named_and_keeps_the_package(grpc_missing, 
 
 def test_json_says_what_was_not_run(monkeypatch, capsys) -> None:
     """--json names each scenario that did not run, with what to install."""
-    report_on(monkeypatch, check.Row("fixed upstream", PASSES, "CANCELED"), GRPC_NOT_RUN)
+    report_on(monkeypatch, check.ScenarioOutcomes("fixed upstream", PASSES, "CANCELED"), GRPC_NOT_RUN)
     assert cli.main(["check", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["not_run"] == {"client leaves mid-cancel, gRPC": GRPC_HINT}
@@ -185,7 +185,7 @@ def test_json_says_what_was_not_run(monkeypatch, capsys) -> None:
 def test_the_verdict_names_what_did_not_run_beside_what_stock_fails(monkeypatch, capsys) -> None:
     """A scenario stock fails and the gRPC one not run: the verdict counts only the scenarios
     that ran, names the failing one and the one not run."""
-    report_on(monkeypatch, check.Row("cancel() hangs", {**PASSES, "stock": "HANG"}, "CANCELED"), GRPC_NOT_RUN)
+    report_on(monkeypatch, check.ScenarioOutcomes("cancel() hangs", {**PASSES, "stock": "HANG"}, "CANCELED"), GRPC_NOT_RUN)
     assert cli.main(["check"]) == 0
     verdict, *under = verdict_lines(capsys.readouterr().out)
     assert verdict.endswith(

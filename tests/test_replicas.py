@@ -103,6 +103,20 @@ async def test_a_run_cannot_complete_a_task_another_replica_cancelled() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_closed_handler_leaves_no_callback_on_the_shared_store() -> None:
+    """aclose() takes back the handler's callback for the store's refusals (else the store,
+    which outlives it, keeps the handler and its lifecycle alive); the other replica's stays."""
+    store = FinalStateTaskStore(InMemoryTaskStore())
+    a = make_server("ours", ScriptedExecutor(), store=store)
+    b = make_server("ours", ScriptedExecutor(), store=store)
+    assert store.on_final == [a.handler._remote.refused, b.handler._remote.refused]
+    await within(a.handler.aclose())
+    assert store.on_final == [b.handler._remote.refused]
+    await within(b.handler.aclose())
+    assert store.on_final == []
+
+
+@pytest.mark.asyncio
 async def test_polling_can_be_turned_off() -> None:
     """With replica_poll_interval=None a run never reads the store for remote cancels."""
     a, b = replicas(PollingExecutor(), replica_poll_interval=None)
@@ -242,7 +256,7 @@ async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_w
     a = make_server("ours", ScriptedExecutor(park=True), store=store, replica_poll_interval=0.01)
     b = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=0.01)
     held, save = Gate(), store.save
-    looked, look = asyncio.Event(), a.handler._remote._look_at_parked
+    looked, look = asyncio.Event(), a.handler._remote._end_parked_if_cancelled
 
     async def held_save(task, context):
         if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
@@ -253,7 +267,7 @@ async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_w
         await look(task_id)
         looked.set()
 
-    store.save, a.handler._remote._look_at_parked = held_save, noted_look  # type: ignore[method-assign]
+    store.save, a.handler._remote._end_parked_if_cancelled = held_save, noted_look  # type: ignore[method-assign]
     sent = Stream(a.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     try:
         await within(held.reached.wait())

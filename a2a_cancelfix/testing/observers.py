@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from a2a.types import Task, TaskStatusUpdateEvent
+from a2a.types import Task, TaskState, TaskStatusUpdateEvent
 
 from a2a_cancelfix._sdk import state_name
 from a2a_cancelfix.testing import _wire
@@ -73,8 +73,8 @@ def _find_state(body: Any) -> str | None:
     """The task state named anywhere in a push payload."""
     if isinstance(body, dict):
         for key, value in body.items():
-            if key == "state" and isinstance(value, str):
-                return value.removeprefix("TASK_STATE_")
+            if key == "state" and value in TaskState.keys():
+                return state_name(TaskState.Value(value))
             found = _find_state(value)
             if found:
                 return found

@@ -40,24 +40,25 @@ from a2a.types import (
     TaskPushNotificationConfig,
 )
 
-from a2a_cancelfix import checkpoints
+from a2a_cancelfix import _sdk, checkpoints
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
+from a2a_cancelfix.testing._table import table
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.servers import caller, message, outcome
-from a2a_cancelfix.testing.waits import BOUND, in_own_loop, wait_all_tasks_blocked
+from a2a_cancelfix.testing.waits import BOUND, answer_or_hang, in_own_loop, wait_all_tasks_blocked
 
 ORIGINS = ("local", "remote", "client leaves")
 """Where a cancel comes from: a request to the replica running the task; a request to another
 replica sharing its store; a request to the replica running it whose client goes away."""
 
 PUSH_URL = "http://push.invalid/sweep"
-TERMINAL = ("COMPLETED", "CANCELED", "FAILED", "REJECTED")
-PARKED = ("INPUT_REQUIRED", "AUTH_REQUIRED")
+TERMINAL = frozenset(map(_sdk.state_name, _sdk.TERMINAL_STATES))
+PARKED = frozenset(map(_sdk.state_name, _sdk.PARKED_STATES))
 RUN_BOUND = 30.0
 """Seconds the uncancelled run may take, at most."""
 PARKED_LOOKS = 0.02
@@ -142,15 +143,13 @@ class Report:
 
     def __str__(self) -> str:
         columns = ("store", "stream", "subscriber", "push", "sender")
-        table = [("moment", "origin", "answer", *columns, "")]
+        cells = [("moment", "origin", "answer", *columns, "")]
         for row in self.rows:
-            cells = [row.seen.get(name, "-") for name in columns]
-            table.append(
-                (row.moment, row.origin or "-", row.answer or "-", *cells, "ok" if row.ok else "FAILS")
+            seen = [row.seen.get(name, "-") for name in columns]
+            cells.append(
+                (row.moment, row.origin or "-", row.answer or "-", *seen, "ok" if row.ok else "FAILS")
             )
-        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
-        lines.insert(1, "  ".join("-" * width for width in widths))
+        lines = table(cells)
         failing = self.failures
         lines.append("")
         lines.append(f"{len(self.rows) - len(failing)} of {len(self.rows)} rows hold.")
@@ -480,7 +479,7 @@ class _World:
         answer_bound = self.plan.grace_period + MARGIN + 1.0
         started = asyncio.get_running_loop().time()
         if origin == "remote":
-            row.answer = await _bounded(self._cancel(self.b), answer_bound)
+            row.answer = await answer_or_hang(self._cancel(self.b), answer_bound)
             probe.open()
         else:
             request = asyncio.ensure_future(self._cancel(self.a))
@@ -498,7 +497,7 @@ class _World:
                 request.cancel()  # The client goes away while its cancel is in progress.
                 row.answer = "client left"
             else:
-                row.answer = await _bounded(request, answer_bound)
+                row.answer = await answer_or_hang(request, answer_bound)
         took = asyncio.get_running_loop().time() - started
         row.seen["answer"] = row.answer
         final = "CANCELED" if applies else ("COMPLETED" if expected != "TaskNotCancelable" else before)
@@ -741,13 +740,6 @@ def _task_id(event: Any) -> str:
 def _run_task_id(probe: Probe) -> str:
     run = probe.run
     return run.task_id if run is not None else ""
-
-
-async def _bounded(call: Awaitable[str], seconds: float) -> str:
-    try:
-        return await asyncio.wait_for(call, seconds)
-    except asyncio.TimeoutError:
-        return "HANG"
 
 
 async def _set_within(event: asyncio.Event, seconds: float) -> bool:

@@ -149,6 +149,14 @@ def _others_blocked() -> bool:
     return True
 
 
+async def answer_or_hang(call: Awaitable[str], seconds: float) -> str:
+    """What ``call`` answers, or ``HANG`` when it has not answered within ``seconds``."""
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except asyncio.TimeoutError:
+        return "HANG"
+
+
 def in_own_loop(main: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run ``main(*args)`` in an event loop of its own, then cancel what it left running.
 

@@ -7,13 +7,14 @@ import json
 from dataclasses import dataclass
 
 from a2a_cancelfix._sdk import SDK_VERSION
+from a2a_cancelfix.testing._table import table
 from a2a_cancelfix.testing.servers import HANDLERS
 from a2a_cancelfix.tools import scenarios
 from a2a_cancelfix.tools.scenarios import NOT_RUN
 
 
 @dataclass
-class Row:
+class ScenarioOutcomes:
     """One scenario's outcome under each handler kind, and what our handler must show."""
 
     scenario: str
@@ -35,9 +36,12 @@ class Row:
         return not self.ran or self.outcomes["stock"] == self.expected
 
 
-def run_all() -> list[Row]:
+def run_all() -> list[ScenarioOutcomes]:
     """Run every scenario against every handler kind: a row per scenario."""
-    return [Row(scenario.name, outcomes, scenario.expected) for scenario, outcomes in scenarios.run_all()]
+    return [
+        ScenarioOutcomes(scenario.name, outcomes, scenario.expected)
+        for scenario, outcomes in scenarios.run_all()
+    ]
 
 
 EXIT_CODES = {
@@ -49,19 +53,19 @@ EXIT_CODES = {
 OURS_FAIL, USAGE, REMOVABLE = 1, 2, 3
 
 
-def exit_status(rows: list[Row], *, fail_when_removable: bool = False) -> int:
+def exit_status(rows: list[ScenarioOutcomes], *, fail_when_removable: bool = False) -> int:
     """The command's exit status (``EXIT_CODES``) for ``rows``."""
     if not all(row.holds for row in rows):
         return OURS_FAIL
     return REMOVABLE if fail_when_removable and removable(rows) else 0
 
 
-def removable(rows: list[Row]) -> bool:
+def removable(rows: list[ScenarioOutcomes]) -> bool:
     """Whether every scenario ran and the stock handler passes each: the package can go."""
     return all(row.ran and row.stock_holds for row in rows)
 
 
-def verdict(rows: list[Row]) -> str:
+def verdict(rows: list[ScenarioOutcomes]) -> str:
     """One line on whether the package is still needed, then the scenarios that line rests on:
     those our handler fails, those the stock handler fails, and those that did not run."""
     ours_fail = [row for row in rows if not row.holds]
@@ -95,7 +99,7 @@ def verdict(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def not_run(rows: list[Row]) -> dict[str, str]:
+def not_run(rows: list[ScenarioOutcomes]) -> dict[str, str]:
     """The scenarios that did not run, each with what to install to run it."""
     return {
         row.scenario: row.outcomes["ours"].removeprefix(NOT_RUN).strip(" ()") for row in rows if not row.ran
@@ -109,20 +113,17 @@ _TITLES = {
 }
 
 
-def render(rows: list[Row]) -> str:
-    table = [("scenario", *(_TITLES[kind] for kind in HANDLERS))]
+def render(rows: list[ScenarioOutcomes]) -> str:
+    cells = [("scenario", *(_TITLES[kind] for kind in HANDLERS))]
     for row in rows:
-        cells = [row.outcomes[kind] for kind in HANDLERS]
+        outcomes = [row.outcomes[kind] for kind in HANDLERS]
         if not row.holds:
-            cells[-1] += "  (FAILS)"
-        table.append((row.scenario, *cells))
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines + ["", verdict(rows)])
+            outcomes[-1] += "  (FAILS)"
+        cells.append((row.scenario, *outcomes))
+    return "\n".join([*table(cells), "", verdict(rows)])
 
 
-def as_json(rows: list[Row]) -> str:
+def as_json(rows: list[ScenarioOutcomes]) -> str:
     return json.dumps(
         {
             "a2a_sdk": SDK_VERSION,

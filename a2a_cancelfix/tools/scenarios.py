@@ -45,6 +45,7 @@ from a2a_cancelfix.testing.servers import (
 from a2a_cancelfix.testing.waits import (
     BOUND,
     Gate,
+    answer_or_hang,
     eventually,
     in_own_loop,
     wait_all_tasks_blocked,
@@ -397,15 +398,13 @@ def run_scenario(scenario: Scenario, kind: str, transport: str | None = None) ->
     install = _wire.missing(transport) if transport != IN_PROCESS else None
     if install:
         return f"{NOT_RUN} ({install})"
-    return in_own_loop(_bounded, scenario, kind, transport)
+    return in_own_loop(_on_bench, scenario, kind, transport)
 
 
-async def _bounded(scenario: Scenario, kind: str, transport: str) -> str:
+async def _on_bench(scenario: Scenario, kind: str, transport: str) -> str:
     async with Bench(kind, transport) as bench:
         try:
-            return await asyncio.wait_for(scenario.run(bench), BOUND)
-        except asyncio.TimeoutError:
-            return "HANG"
+            return await answer_or_hang(scenario.run(bench), BOUND)
         except Exception as error:  # A stock handler may leak an internal exception.
             return f"raised {type(error).__name__}"
 
