@@ -43,7 +43,6 @@ __all__ = [
     "TaskVersion",
     "VersionedTaskStore",
     "check_required_fields",
-    "validate_request_params",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -144,6 +143,12 @@ def check_streaming(handler: DefaultRequestHandlerV2) -> None:
     """Refuse a stream when the agent card says the agent does not stream, as the SDK does."""
     if _refuse_streaming is not None and not handler._agent_card.capabilities.streaming:  # 1.0.0-1.3.0
         _refuse_streaming(handler)
+
+
+def validated(method: F) -> F:
+    """The SDK's request check (``validate_request_params``) around ``method``, whose
+    signature it keeps (the SDK types it as returning a bare Callable)."""
+    return cast(F, validate_request_params(method))
 
 
 def untraced(method: F) -> F:

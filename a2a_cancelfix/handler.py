@@ -119,7 +119,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_canceled = on_canceled
 
     @_telemetry.traced_as_sdk
-    @_sdk.validate_request_params
+    @_sdk.validated
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task:
@@ -227,7 +227,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 await events.aclose()
 
     @_telemetry.traced_as_sdk
-    @_sdk.validate_request_params
+    @_sdk.validated
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:

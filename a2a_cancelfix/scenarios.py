@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,7 +339,7 @@ async def cancel_during_cancel(bench: Bench) -> str:
     return f"{await _answers([first, second])}, task {await stored(server, task_id)}"
 
 
-async def _answers(cancels: list[asyncio.Future[str]]) -> str:
+async def _answers(cancels: Sequence[asyncio.Future[str]]) -> str:
     """What concurrent cancels answered, HANG for one with no answer within half the bound."""
     await asyncio.wait(cancels, timeout=BOUND / 2)
     return " and ".join(cancel.result() if cancel.done() else "HANG" for cancel in cancels)
