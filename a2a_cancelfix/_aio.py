@@ -134,7 +134,7 @@ class Once:
     no ``Timeout`` and no timer of their own.
     """
 
-    __slots__ = ("given", "_waiters")
+    __slots__ = ("_waiters", "given")
 
     def __init__(self) -> None:
         self.given = False

@@ -348,7 +348,7 @@ def drop_backlog(queue: EventQueue) -> dict[str, int]:
         return {}
     ended = any(terminal_state(event) is not None for events in taken for event in events)
     dropped: collections.Counter[str] = collections.Counter()
-    for q, events in zip(held, taken):
+    for q, events in zip(held, taken, strict=True):
         for event in events:
             if not ended and _is_moot(event):
                 dropped[type(event).__name__] += 1

@@ -117,9 +117,9 @@ def render(rows: list[Row]) -> str:
             cells[-1] += "  (FAILS)"
         table.append((row.scenario, *cells))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines + ["", verdict(rows)])
+    return "\n".join([*lines, "", verdict(rows)])
 
 
 def as_json(rows: list[Row]) -> str:

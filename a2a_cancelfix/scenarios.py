@@ -414,5 +414,5 @@ def run_all() -> list[tuple[Scenario, dict[str, str]]]:
     with its outcome per kind."""
     runs = [(scenario, kind) for scenario in SCENARIOS for kind in HANDLERS]
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        outcomes = dict(zip(runs, pool.map(lambda run: run_scenario(*run), runs)))
+        outcomes = dict(zip(runs, pool.map(lambda run: run_scenario(*run), runs), strict=True))
     return [(scenario, {kind: outcomes[scenario, kind] for kind in HANDLERS}) for scenario in SCENARIOS]

@@ -290,7 +290,7 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
             f"FinalStateTaskStore guards a VersionedDatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
         )
     versions, journal = _sdk.version_model(store), _sdk.journal_model(store)
-    TaskVersion, Conflict = _sdk.TaskVersion, _sdk.ConcurrentTaskModificationError
+    TaskVersion, Conflict = _sdk.TaskVersion, _sdk.ConcurrentTaskModificationError  # noqa: N806 (classes)
 
     async def save_once(task: Task, event: Any, prev_version: Any, owner: str) -> Any:
         row = _sdk.versioned_row(store, task, owner)

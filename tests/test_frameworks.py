@@ -73,7 +73,6 @@ async def test_an_adk_server_under_patch_cancels_as_ours_over_json_rpc() -> None
     call was interrupted, the sender's stream ending on CANCELED."""
     pytest.importorskip("google.adk")
     import asyncio
-
     import gc
 
     import adk_agent

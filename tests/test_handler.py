@@ -10,12 +10,16 @@ import httpx
 import pytest
 import wrapt
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
-from a2a.server.tasks import BasePushNotificationSender, InMemoryPushNotificationConfigStore, InMemoryTaskStore
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+)
 from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
-    TaskState,
     TaskNotCancelableError,
+    TaskState,
     UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError

@@ -32,7 +32,7 @@ import difflib
 import importlib
 import sys
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -54,7 +54,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-States = Union[str, list[str]]
+States = str | list[str]
 
 
 class _Cancel(_Section):

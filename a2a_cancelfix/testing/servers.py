@@ -222,7 +222,7 @@ def make_server(
         version="1",
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
     )
-    arguments: dict[str, Any] = dict(agent_executor=executor, task_store=store, agent_card=card)
+    arguments: dict[str, Any] = {"agent_executor": executor, "task_store": store, "agent_card": card}
     if event_stream is not None:
         arguments["event_stream"] = event_stream
     if push:

@@ -148,7 +148,7 @@ class Report:
                 (row.moment, row.origin or "-", row.answer or "-", *cells, "ok" if row.ok else "FAILS")
             )
         widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in table]
         lines.insert(1, "  ".join("-" * width for width in widths))
         failing = self.failures
         lines.append("")

@@ -62,7 +62,7 @@ async def decorated() -> None:
     assert_type(await fetch("https://example.com"), bytes)
     assert_type(parse(b"x"), dict[str, int])
     assert_type(await Agent().step(1), str)
-    asyncio.create_task(fetch("https://example.com"))  # A coroutine still, not just an awaitable.
+    await asyncio.create_task(fetch("https://example.com"))  # A coroutine still, not just an awaitable.
     await fetch(1)  # type: ignore[arg-type]
     await fetch("https://example.com", tries=2)  # type: ignore[call-arg]
     parse("x")  # type: ignore[arg-type]
