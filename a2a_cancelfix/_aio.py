@@ -8,13 +8,14 @@ import functools
 import heapq
 import itertools
 import logging
+import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-try:
-    from asyncio import timeout_at as _timeout_at  # Python 3.11+
-except ImportError:  # pragma: no cover - Python 3.10: a task per wait, as wait_for does.
+if sys.version_info >= (3, 11):
+    from asyncio import timeout_at as _timeout_at
+else:  # pragma: no cover - Python 3.10: a task per wait, as wait_for does.
     _timeout_at = None
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -133,7 +134,7 @@ class Once:
     no ``Timeout`` and no timer of their own.
     """
 
-    __slots__ = ("given", "_waiters")
+    __slots__ = ("_waiters", "given")
 
     def __init__(self) -> None:
         self.given = False

@@ -7,43 +7,96 @@ editing this module only.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
+import importlib
 import importlib.metadata
 import inspect
 import logging
 import warnings
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from a2a.server.request_handlers import DefaultRequestHandlerV2
+from a2a.server.tasks import TaskStore
 from a2a.types import CancelTaskRequest, Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 from a2a.utils import telemetry as _telemetry_module
+from google.protobuf.message import Message as ProtobufMessage
 
 from a2a_cancelfix._aio import deadline_in, deadlines, keep, wait_done, wait_set
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
     from a2a.server.events.event_queue import EventQueue
+    from a2a.server.events.event_queue_v2 import EventQueueSource  # 1.0.0-1.3.0
+    from sqlalchemy.exc import DBAPIError
 
 logger = logging.getLogger("a2a_cancelfix")
 
-__all__ = ["QueueShutDown"]
+# The SDK's names that the other modules take from here.
+__all__ = [
+    "ConcurrentTaskModificationError",
+    "QueueShutDown",
+    "TaskVersion",
+    "VersionedTaskStore",
+    "check_required_fields",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 SDK_VERSION = importlib.metadata.version("a2a-sdk")
 
 CANCELED = TaskState.TASK_STATE_CANCELED
 MISSING: list[str] = []
 
-# A release that moved a private module must not break a server at import: each is probed.
-try:  # 1.0.0-1.3.0
-    from a2a.server.agent_execution import active_task as _active_task_module
-    from a2a.server.agent_execution.active_task import ActiveTask
-except ImportError:  # pragma: no cover - a future release
-    _active_task_module = None
-    ActiveTask = None
-    MISSING.append("a2a.server.agent_execution.active_task")
+
+
+def _private_module(name: str) -> ModuleType | None:
+    """A release that moved a private module must not break a server at import: each is probed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # pragma: no cover - a future release
+        MISSING.append(name)
+        return None
+
+
+_active_task_module = _private_module("a2a.server.agent_execution.active_task")  # 1.0.0-1.3.0
+# The class, for probes of its code only: a run is typed as the `LiveRun` we use of it.
+_ActiveTask: Any = getattr(_active_task_module, "ActiveTask", None)
+
+
+class _Closes(Protocol):
+    async def close(self, immediate: bool = False) -> None: ...
+
+
+class _ShutsDown(Protocol):
+    def shutdown(self, immediate: bool = False) -> None: ...
+
+
+class LiveRun(Protocol):
+    """What we use of the SDK's ``ActiveTask``, a task's run live in this process: 1.0.0-1.3.0.
+
+    Outside this module a run is only handed back to it. Read-only members, so the SDK's
+    class matches whatever it declares them as, as long as it offers what we use.
+    """
+
+    @property
+    def _is_finished(self) -> asyncio.Event: ...
+    @property
+    def _producer_task(self) -> asyncio.Task[None] | None: ...
+    @property
+    def _consumer_task(self) -> asyncio.Task[None] | None: ...
+    @property
+    def _event_queue_agent(self) -> EventQueueSource: ...
+    @property
+    def _event_queue_subscribers(self) -> _Closes: ...
+    @property
+    def _request_queue(self) -> _ShutsDown: ...
+    async def _maybe_cleanup(self) -> None: ...
+
 
 try:  # 1.0.0-1.3.0
     from a2a.server.events.event_queue import QueueShutDown
@@ -54,12 +107,16 @@ except ImportError:  # pragma: no cover - a future release
 
 
 try:  # request_handler.py's request validators, on the methods we override: 1.0.0-1.3.0
-    from a2a.server.request_handlers.request_handler import validate as _validate
-    from a2a.server.request_handlers.request_handler import validate_request_params
-except ImportError:  # pragma: no cover - a future release
-    _validate = None
+    from a2a.server.request_handlers.request_handler import validate, validate_request_params
 
-    def validate_request_params(method: Any) -> Any:  # type: ignore[no-redef]
+    # The SDK's refusal of a stream, its message and its log line, as its stream methods have it.
+    _refuse_streaming: Callable[[DefaultRequestHandlerV2], object] | None = validate(
+        lambda _: False, "Streaming is not supported by the agent"
+    )(lambda _: None)
+except ImportError:  # pragma: no cover - a future release
+    _refuse_streaming = None
+
+    def validate_request_params(method: Callable[..., Any]) -> Callable[..., Any]:
         return method
 
 
@@ -67,7 +124,7 @@ try:  # The check validate_request_params makes: 1.0.0-1.3.0
     from a2a.utils.proto_utils import validate_proto_required_fields as check_required_fields
 except ImportError:  # pragma: no cover - a future release
 
-    def check_required_fields(params: Any) -> None:  # type: ignore[misc]
+    def check_required_fields(msg: ProtobufMessage) -> None:
         return None
 
 
@@ -82,19 +139,19 @@ async def _a_stream(*_: Any) -> AsyncGenerator[None, None]:
 # The code every validate_request_params wrapper shares, a coroutine's or a stream's.
 _PARAMS_CHECKS = {validate_request_params(f).__code__ for f in (_a_coroutine, _a_stream)}
 
-# The SDK's refusal of a stream, its message and its log line, as its stream methods have it.
-_refuse_streaming = (
-    None if _validate is None else _validate(lambda _: False, "Streaming is not supported by the agent")(lambda _: None)
-)
-
-
 def check_streaming(handler: DefaultRequestHandlerV2) -> None:
     """Refuse a stream when the agent card says the agent does not stream, as the SDK does."""
     if _refuse_streaming is not None and not handler._agent_card.capabilities.streaming:  # 1.0.0-1.3.0
         _refuse_streaming(handler)
 
 
-def untraced(method: Any) -> Any:
+def validated(method: F) -> F:
+    """The SDK's request check (``validate_request_params``) around ``method``, whose
+    signature it keeps (the SDK types it as returning a bare Callable)."""
+    return cast(F, validate_request_params(method))
+
+
+def untraced(method: F) -> F:
     """The SDK handler's ``method`` without the span its ``trace_class`` puts around it.
 
     Our override carries that span (``_telemetry.traced_as_sdk``); calling the SDK's method
@@ -104,11 +161,11 @@ def untraced(method: Any) -> Any:
     # __wrapped__ (functools.wraps): 1.0.0-1.3.0.
     inner = getattr(method, "__wrapped__", None)
     if inner is not None and method.__code__.co_filename == _telemetry_module.__file__:
-        return inner
+        return cast(F, inner)
     return method  # pragma: no cover - a future release that traces otherwise
 
 
-def unchecked(method: Any) -> Any:
+def unchecked(method: F) -> F:
     """The SDK handler's ``method`` without its ``validate_request_params`` wrapper.
 
     Our override checks the request itself, first (``check_required_fields``): checked again
@@ -116,7 +173,7 @@ def unchecked(method: Any) -> Any:
     """
     inner = getattr(method, "__wrapped__", None)
     if inner is not None and method.__code__ in _PARAMS_CHECKS:
-        return inner
+        return cast(F, inner)
     return method  # pragma: no cover - a future release that validates otherwise: twice, then
 
 
@@ -125,7 +182,9 @@ _untraced_cancel = untraced(DefaultRequestHandlerV2.on_cancel_task)
 
 async def sdk_cancel(handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext) -> Task:
     """The SDK's own cancel of ``task_id``, without its span (ours carries it)."""
-    return await _untraced_cancel(handler, CancelTaskRequest(id=task_id), context)
+    # Untyped: validate_request_params, around it, returns a bare Callable.
+    task: Task = await _untraced_cancel(handler, CancelTaskRequest(id=task_id), context)
+    return task
 
 
 def state_name(state: int) -> str:
@@ -157,9 +216,9 @@ _ACTIVE_TASK_ATTRIBUTES = (
 
 
 def _probe() -> list[str]:
-    if ActiveTask is None:
+    if _ActiveTask is None:
         return []
-    names = ActiveTask.__init__.__code__.co_names
+    names = _ActiveTask.__init__.__code__.co_names
     missing = [name for name in _ACTIVE_TASK_ATTRIBUTES if name not in names]
     # The handler's registry of live runs: 1.0.0-1.3.0.
     if "_active_task_registry" not in DefaultRequestHandlerV2.__init__.__code__.co_names:
@@ -181,7 +240,7 @@ def _runs_close_themselves() -> bool:
     queues waits for them forever. The fix has no name to probe for: its source line is.
     """
     try:
-        source = inspect.getsource(ActiveTask.subscribe)  # type: ignore[union-attr]
+        source = inspect.getsource(_ActiveTask.subscribe)
     except (AttributeError, OSError, TypeError):
         return False
     return "isinstance(event, _RequestStarted | _RequestCompleted)" in source
@@ -207,7 +266,7 @@ def warn_if_unsupported() -> None:
     logger.warning(message)
 
 
-async def live_task(handler: DefaultRequestHandlerV2, task_id: str) -> ActiveTask | None:
+async def live_task(handler: DefaultRequestHandlerV2, task_id: str) -> LiveRun | None:
     """Return the run of ``task_id`` live in this process, if any."""
     if not SUPPORTED:
         return None
@@ -233,14 +292,28 @@ async def read_task(
 ) -> Task | None:
     """Read a task as the caller may see it (owner-scoped), or None."""
     # A VersionedTaskStore answers with a StoredTask wrapper: 1.2.0+.
-    store = getattr(handler, "_versioned_store", None)
+    store = _versioned_store(handler)
     if store is not None:
         stored = await store.get(task_id, context)
         return None if stored is None else stored.task
-    return await handler.task_store.get(task_id, context)
+    return await _task_store(handler).get(task_id, context)
 
 
-def agent_queue(active: ActiveTask) -> EventQueue:
+def _versioned_store(handler: DefaultRequestHandlerV2) -> VersionedTaskStore | None:
+    """The handler's versioned view of its store, whichever it was given: 1.2.0+."""
+    store: VersionedTaskStore | None = getattr(handler, "_versioned_store", None)
+    return store
+
+
+def _task_store(handler: DefaultRequestHandlerV2) -> TaskStore:
+    """The handler's store, on a release without the versioned view (1.0.0-1.1.x): a TaskStore.
+
+    From 1.2.0 it is annotated ``TaskStore | VersionedTaskStore``; this is never called there.
+    """
+    return handler.task_store  # type: ignore[return-value, unused-ignore]
+
+
+def agent_queue(active: LiveRun) -> EventQueue:
     """The run's event queue; what goes in is saved, streamed and pushed by the SDK."""
     return active._event_queue_agent  # 1.0.0-1.3.0
 
@@ -270,7 +343,7 @@ def drop_backlog(queue: EventQueue) -> dict[str, int]:
         return {}
     ended = any(terminal_state(event) is not None for events in taken for event in events)
     dropped: collections.Counter[str] = collections.Counter()
-    for q, events in zip(held, taken):
+    for q, events in zip(held, taken, strict=True):
         for event in events:
             if not ended and _is_moot(event):
                 dropped[type(event).__name__] += 1
@@ -294,12 +367,12 @@ def terminal_state(event: object) -> int | None:
     return None
 
 
-async def wait_finished(active: ActiveTask, deadline: float) -> bool:
+async def wait_finished(active: LiveRun, deadline: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died), by ``deadline``."""
     return await wait_set(active._is_finished, deadline)  # 1.0.0-1.3.0
 
 
-def unless_closed_by(active: ActiveTask, deadline: float, stuck: Callable[[], Any]) -> None:
+def unless_closed_by(active: LiveRun, deadline: float, stuck: Callable[[], Any]) -> None:
     """Call ``stuck`` if the run has not closed on its own by ``deadline``.
 
     The producer's teardown closes the queues and ends the streams; cancelling it instead
@@ -323,12 +396,12 @@ def unless_closed_by(active: ActiveTask, deadline: float, stuck: Callable[[], An
         task.add_done_callback(closed)
 
 
-async def force_close(active: ActiveTask, timeout: float) -> None:
+async def force_close(active: LiveRun, timeout: float) -> None:
     """Tear a run down without its cooperation: queues closed, tasks cancelled, registry freed.
 
     Within ``timeout``, even when the work swallows its cancellation and so never ends.
     """
-    aclose = getattr(active, "aclose", None)  # ActiveTask.aclose: 1.1.2+
+    aclose: Callable[[], Awaitable[None]] | None = getattr(active, "aclose", None)  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
         # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
         await wait_done(keep(aclose()), deadline_in(timeout))
@@ -353,25 +426,27 @@ async def write_canceled(
     Only the store sees this write: no stream, no push. It is the path for a task with no
     live run here, and the last resort when a run never recorded its terminal state.
     """
-    versioned = getattr(handler, "_versioned_store", None)  # 1.2.0+
+    versioned = _versioned_store(handler)  # 1.2.0+
     if versioned is not None:
         stored = await versioned.get(task_id, context)
         if stored is None or stored.task.status.state in TERMINAL_STATES:
             return None if stored is None else stored.task
-        # The SDK's own versioned CANCELED write (publishes to its event stream): 1.2.0+.
-        await handler._cancel_remote(task_id, stored.task, stored.version, context)
+        # The SDK's own versioned CANCELED write (publishes to its event stream): 1.2.0+,
+        # so not in the annotations of older releases.
+        await handler._cancel_remote(task_id, stored.task, stored.version, context)  # type: ignore[attr-defined, unused-ignore]
         # Read back: it answers with its own copy, even where a guarded store refused it.
         stored = await versioned.get(task_id, context)
         return None if stored is None else stored.task
-    task = await handler.task_store.get(task_id, context)
+    store = _task_store(handler)
+    task = await store.get(task_id, context)
     if task is None or task.status.state in TERMINAL_STATES:
         return task
     canceled = Task()
     canceled.CopyFrom(task)
     canceled.status.state = CANCELED
-    await handler.task_store.save(canceled, context)
+    await store.save(canceled, context)
     # Read back: a store that keeps terminal states final may have refused the write.
-    return await handler.task_store.get(task_id, context)
+    return await store.get(task_id, context)
 
 
 # The stores' insides, for FinalStateTaskStore's one-step guarded write.
@@ -388,7 +463,8 @@ def database_transaction(store: Any) -> Any:
 
 
 def task_from_row(store: Any, row: Any) -> Task:
-    return store._from_orm(row)  # 1.0.0-1.3.0
+    task: Task = store._from_orm(row)  # 1.0.0-1.3.0
+    return task
 
 
 @dataclass(frozen=True)
@@ -414,9 +490,10 @@ try:  # 1.3.0
     from a2a.server.cluster.database_task_store import VersionedDatabaseTaskStore, _is_transient
     from a2a.server.cluster.database_task_store import _as_int as _version_number
     from a2a.utils.proto_utils import to_stream_response
+
+    _CLUSTER_IMPORTED = True
 except ImportError:  # 1.0.0-1.2.x, or no SQLAlchemy (a2a-sdk without its database extras)
-    ConcurrentTaskModificationError = TaskVersion = VersionedTaskStore = None  # type: ignore[misc,assignment]
-    VersionedDatabaseTaskStore = None  # type: ignore[misc,assignment]
+    _CLUSTER_IMPORTED = False  # Then none of these names is read: each use is behind HAS_CLUSTER.
 
 # What VersionedDatabaseTaskStore.__init__ assigns and the methods its _save_once calls: 1.3.0.
 _VERSIONED_ATTRIBUTES = ("_db", "_version_model", "_event_model", "_max_attempts", "_retry_delay_s")
@@ -424,7 +501,7 @@ _VERSIONED_METHODS = ("_ensure_cluster_tables", "_lock_version", "_current_task"
 
 
 def _has_cluster() -> bool:
-    if VersionedDatabaseTaskStore is None:
+    if not _CLUSTER_IMPORTED:
         return False
     names = VersionedDatabaseTaskStore.__init__.__code__.co_names
     return all(name in names for name in _VERSIONED_ATTRIBUTES) and all(
@@ -451,7 +528,8 @@ async def versioned_tables_ready(store: Any) -> None:
 
 
 def versioned_owner(store: Any, context: ServerCallContext) -> str:
-    return store._db.owner_resolver(context)  # 1.3.0
+    owner: str = store._db.owner_resolver(context)  # 1.3.0
+    return owner
 
 
 def versioned_row(store: Any, task: Task, owner: str) -> Any:
@@ -476,12 +554,14 @@ def journal_model(store: Any) -> Any:
 
 async def lock_version(store: Any, session: Any, task_id: str, owner: str) -> int | None:
     """The stored version number, its row locked (``FOR UPDATE``; SQLite ignores that)."""
-    return await store._lock_version(session, task_id, owner)  # 1.3.0
+    version: int | None = await store._lock_version(session, task_id, owner)  # 1.3.0
+    return version
 
 
 async def current_task(store: Any, session: Any, task_id: str, owner: str) -> Task | None:
     """The stored task, its row locked (``FOR UPDATE``; SQLite ignores that)."""
-    return await store._current_task(session, task_id, owner)  # 1.3.0
+    task: Task | None = await store._current_task(session, task_id, owner)  # 1.3.0
+    return task
 
 
 async def insert_version(store: Any, session: Any, task_id: str, owner: str, version: int) -> None:
@@ -491,7 +571,8 @@ async def insert_version(store: Any, session: Any, task_id: str, owner: str, ver
 
 def version_number(version: Any) -> int:
     """The integer a VersionedDatabaseTaskStore's TaskVersion wraps."""
-    return _version_number(version)  # 1.3.0
+    number: int = _version_number(version)  # 1.3.0
+    return number
 
 
 def journal_entry(event: Any) -> bytes:
@@ -504,6 +585,7 @@ def save_retries(store: Any) -> tuple[int, float]:
     return store._max_attempts, store._retry_delay_s  # 1.3.0
 
 
-def is_transient(error: Exception) -> bool:
+def is_transient(error: DBAPIError) -> bool:
     """Whether a DBAPIError is contention the SDK's store retries (lock, serialization)."""
-    return _is_transient(error)  # 1.3.0
+    transient: bool = _is_transient(error)  # 1.3.0
+    return transient

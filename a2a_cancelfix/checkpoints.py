@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
-from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from a2a_cancelfix._aio import keep, wait_set
 
@@ -291,11 +291,7 @@ async def shielded() -> AsyncIterator[None]:
     run.raise_if_cancelled()
 
 
-@overload
-def cancellable(step: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
-@overload
-def cancellable(step: Callable[P, R]) -> Callable[P, R]: ...
-def cancellable(step: Callable[P, Any]) -> Callable[P, Any]:
+def cancellable(step: Callable[P, R]) -> Callable[P, R]:
     """Decorate a step function: a checkpoint before it runs and after it returns.
 
     Works on async and sync functions and methods; generators are refused, since a
@@ -325,10 +321,11 @@ def cancellable(step: Callable[P, Any]) -> Callable[P, Any]:
             await checkpoint()
             return result
 
-        return async_step
+        # A coroutine function for a coroutine function: the same type, to the checker too.
+        return cast(Callable[P, R], async_step)
 
     @functools.wraps(step)
-    def sync_step(*args: P.args, **kwargs: P.kwargs) -> Any:
+    def sync_step(*args: P.args, **kwargs: P.kwargs) -> R:
         checkpoint()
         try:
             result = step(*args, **kwargs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -24,6 +24,7 @@ from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     Lifecycle,
+    QueueProxy,
     Settings,
     Work,
     has_ended,
@@ -35,8 +36,14 @@ if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
     from a2a.server.events.event_queue import EventQueue
 
+    class _ExecutorProxy(wrapt.ObjectProxy[AgentExecutor], AgentExecutor):
+        """To the checker the proxy is an executor, as it is to ``isinstance``."""
 
-class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
+else:  # wrapt 1.x proxies take no type arguments
+    _ExecutorProxy = wrapt.ObjectProxy
+
+
+class CancellableExecutor(_ExecutorProxy):
     """Wrap an ``AgentExecutor`` so that a cancel always ends in CANCELED, promptly.
 
     ``isinstance`` checks, attributes and other methods pass through to the wrapped
@@ -97,6 +104,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         run, probe = work.run, lifecycle.probe
         queue = _RunQueue(event_queue, run)
         try:
+            body: Awaitable[None]
             if probe is None:
                 body = self.__wrapped__.execute(context, queue)
             else:
@@ -114,7 +122,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         finally:
             lifecycle.forget(work)
 
-    async def _self_run_apart(self, work: Work, body: Coroutine[Any, Any, None]) -> None:
+    async def _self_run_apart(self, work: Work, body: Awaitable[None]) -> None:
         """Run the work in a task of its own, which the SDK's teardown of the run cannot reach.
 
         The SDK's stock handler cancels the run itself: a2a-sdk 1.0.0-1.1.3 before calling
@@ -148,7 +156,7 @@ class CancellableExecutor(wrapt.ObjectProxy):  # type: ignore[misc]
         await self._self_lifecycle.requested_by_sdk(context, event_queue)
 
 
-class _RunQueue(wrapt.ObjectProxy):  # type: ignore[misc]
+class _RunQueue(QueueProxy):
     """The queue ``execute()`` sees: every enqueue is a checkpoint."""
 
     def __init__(self, queue: EventQueue, run: Run) -> None:

@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import logging
 import warnings
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal
 
 from a2a.server.agent_execution import AgentExecutor
@@ -37,10 +37,17 @@ from a2a_cancelfix.store import FinalStateTaskStore
 logger = logging.getLogger("a2a_cancelfix")
 
 # The SDK's methods without their spans: our overrides carry them. A message's request is
-# checked by our overrides, first: the SDK's own check is left out.
-_sdk_send = _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send))
-_sdk_stream = _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream))
-_sdk_subscribe = _sdk.untraced(DefaultRequestHandlerV2.on_subscribe_to_task)
+# checked by our overrides, first: the SDK's own check is left out. Typed here: the SDK's
+# request validator, around each, returns a bare Callable.
+_sdk_send: Callable[[DefaultRequestHandlerV2, SendMessageRequest, ServerCallContext], Awaitable[Message | Task]] = (
+    _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send))
+)
+_sdk_stream: Callable[[DefaultRequestHandlerV2, SendMessageRequest, ServerCallContext], AsyncGenerator[Any, None]] = (
+    _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream))
+)
+_sdk_subscribe: Callable[
+    [DefaultRequestHandlerV2, SubscribeToTaskRequest, ServerCallContext], AsyncGenerator[Any, None]
+] = _sdk.untraced(DefaultRequestHandlerV2.on_subscribe_to_task)
 
 
 class DefaultRequestHandler(DefaultRequestHandlerV2):
@@ -112,8 +119,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_canceled = on_canceled
 
     @_telemetry.traced_as_sdk
-    @_sdk.validate_request_params
-    async def on_cancel_task(  # type: ignore[override]
+    @_sdk.validated
+    async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task:
         """Cancel a task; return it CANCELED or raise an A2A error, within the grace bound.
@@ -133,7 +140,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             await _sdk_close(self)
 
     @_telemetry.traced_as_sdk
-    async def on_message_send(  # type: ignore[override]
+    async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Message | Task:
         """Send a message, as the SDK does; a task that ended or is being canceled refuses it,
@@ -149,7 +156,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             except Exception as error:
                 raise _failed("", error) from error
             if isinstance(result, Task) and result.id in self._remote.refused_tasks:
-                return await self._remote.as_stored(result, context)  # type: ignore[no-any-return]
+                return await self._remote.as_stored(result, context)
             return result
         await self._refuse_if_ended(params, context)
         lifecycle, message_id = self._lifecycle, params.message.message_id
@@ -167,11 +174,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
             raise _ended_first(params, result.status.state)
         if isinstance(result, Task) and result.id in self._remote.refused_tasks:
-            return await self._remote.as_stored(result, context)  # type: ignore[no-any-return]
+            return await self._remote.as_stored(result, context)
         return result
 
     @_telemetry.traced_as_sdk
-    async def on_message_send_stream(  # type: ignore[override]
+    async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
         """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
@@ -220,8 +227,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 await events.aclose()
 
     @_telemetry.traced_as_sdk
-    @_sdk.validate_request_params
-    async def on_subscribe_to_task(  # type: ignore[override]
+    @_sdk.validated
+    async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
         """Subscribe to a task the caller owns; anyone else gets ``TaskNotFoundError``.

@@ -18,7 +18,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import wrapt
@@ -58,6 +58,14 @@ PATIENCE = 30.0
 # When a stopped run's CANCELED that the store failed to record is tried again: about 10 minutes.
 _RECORD_RETRIES = (0.1, 0.5, 1.0, 2.0) + (5.0,) * 120
 FAILED = TaskState.TASK_STATE_FAILED
+
+if TYPE_CHECKING:
+
+    class QueueProxy(wrapt.ObjectProxy[EventQueue], EventQueue):
+        """To the checker a queue's proxy is a queue, as it is to ``isinstance``."""
+
+else:  # wrapt 1.x proxies take no type arguments
+    QueueProxy = wrapt.ObjectProxy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +147,7 @@ class Work:
         # Still there, but what it waits for is done: it resumes next, past that await.
         return waiting is not self.found_at or self.found_at.done()  # type: ignore[attr-defined]
 
-    async def run_inline(self, work: Coroutine[Any, Any, None]) -> None:
+    async def run_inline(self, work: Awaitable[None]) -> None:
         """Run the work in this task, inside the run's scope; a cancel of the task ends it normally."""
         self.runner = asyncio.current_task()
         token = enter_run(self.run)
@@ -154,11 +162,11 @@ class Work:
             logger.debug("execute() of cancelled task %s raised", self.run.task_id, exc_info=error)
         finally:
             leave_run(token)  # Before anything else runs in this task: it is not the work.
-            if self.interrupted:
+            if self.interrupted and self.runner is not None:
                 _uncancel(self.runner)  # Our interrupt is handled; the SDK's task runs on.
             self.ended.give()
 
-    def start_apart(self, work: Coroutine[Any, Any, None]) -> None:
+    def start_apart(self, work: Awaitable[None]) -> None:
         """Run the work in a task of its own, inside the run's scope (the task's copy of it)."""
         token = enter_run(self.run)
         try:
@@ -468,6 +476,12 @@ class Lifecycle:
             None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
         )
 
+    @property
+    def _handler(self) -> DefaultRequestHandlerV2:
+        """The handler this lifecycle was built for: only its paths (not the proxy's) reach here."""
+        assert self.handler is not None
+        return self.handler
+
     # The origins.
 
     async def request(self, task_id: str, caller: ServerCallContext) -> Task:
@@ -486,7 +500,7 @@ class Lifecycle:
                 _log_cancel(task_id, "unknown task", "TaskNotFound", 0.0, False)
                 raise TaskNotFoundError
             # Looked up once, so that a cancel resumed without its caller takes the same path.
-            active = await _sdk.live_task(self.handler, task_id)
+            active = await _sdk.live_task(self._handler, task_id)
         except BaseException:
             if answer is not None:
                 answer.cancel()
@@ -514,7 +528,7 @@ class Lifecycle:
             raise
         return answer.result()
 
-    async def noticed_parked(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
+    async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
         cancellation = self.begin_recorded(stored)
         try:
@@ -650,7 +664,7 @@ class Lifecycle:
     async def read(self, task_id: str, caller: ServerCallContext) -> Task | None:
         """The task as the caller may see it; a failing store is an A2A error."""
         try:
-            return await _sdk.read_task(self.handler, task_id, caller)
+            return await _sdk.read_task(self._handler, task_id, caller)
         except A2AError:
             raise
         except Exception as error:
@@ -663,7 +677,7 @@ class Lifecycle:
         self,
         cancellation: Cancellation,
         task: Task | None,
-        active: Any,
+        active: _sdk.LiveRun | None,
         caller: ServerCallContext | None,
         *,
         here: tuple[RequestContext, EventQueue] | None = None,
@@ -699,7 +713,9 @@ class Lifecycle:
         if active is not None:  # After the answers, so that it does not delay them.
             _tear_down(active, cancellation.task_id)
 
-    async def _cancel(self, cancellation: Cancellation, task: Task, active: Any, caller: ServerCallContext) -> Task:
+    async def _cancel(
+        self, cancellation: Cancellation, task: Task, active: _sdk.LiveRun | None, caller: ServerCallContext
+    ) -> Task:
         """Cancel ``task``, whose run here is ``active`` (None: it has none live here)."""
         started = time.monotonic()
         if active is not None:
@@ -719,7 +735,7 @@ class Lifecycle:
         raise TaskNotCancelableError(message=f"Task {task.id} reached {_state_name(result)} before the cancel")
 
     async def _cancel_live(
-        self, cancellation: Cancellation, active: Any, task: Task, caller: ServerCallContext
+        self, cancellation: Cancellation, active: _sdk.LiveRun, task: Task, caller: ServerCallContext
     ) -> Task:
         """Cancel a run of this process; return the task as it ended."""
         context = RequestContext(call_context=caller, task_id=task.id, context_id=task.context_id, task=task)
@@ -737,7 +753,7 @@ class Lifecycle:
         """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
         timeout = max(cancellation.deadline + MARGIN - asyncio.get_running_loop().time(), 0)
         try:
-            await asyncio.wait_for(_sdk.sdk_cancel(self.handler, task_id, caller), timeout)
+            await asyncio.wait_for(_sdk.sdk_cancel(self._handler, task_id, caller), timeout)
         except asyncio.TimeoutError:
             logger.warning("the SDK's cancel of task %s hung; CANCELED is written directly", task_id)
             return await self._write_canceled(task_id, caller)
@@ -757,7 +773,7 @@ class Lifecycle:
         WORKING with nothing running anywhere.
         """
         try:
-            result = await _sdk.write_canceled(self.handler, task_id, caller)
+            result = await _sdk.write_canceled(self._handler, task_id, caller)
         except Exception:
             if stopped:
                 keep(self._record_later(task_id, caller))
@@ -771,7 +787,7 @@ class Lifecycle:
         for delay in _RECORD_RETRIES:
             await asyncio.sleep(delay)
             try:
-                await _sdk.write_canceled(self.handler, task_id, caller)
+                await _sdk.write_canceled(self._handler, task_id, caller)
             except Exception as error:
                 logger.debug("recording CANCELED of task %s failed again: %r", task_id, error)
                 continue
@@ -793,7 +809,7 @@ class Lifecycle:
             )
 
 
-def _tear_down(active: Any, task_id: str) -> None:
+def _tear_down(active: _sdk.LiveRun, task_id: str) -> None:
     """Let the run close itself; force it closed if it does not in time."""
     # Up to a2a-sdk 1.2.2 no run closes itself (see _sdk.RUNS_CLOSE_THEMSELVES): the margin
     # is only a courtesy there. Later, a run gets long enough to close on a loop busy with
@@ -849,7 +865,8 @@ def _log_dropped(task_id: str, dropped: dict[str, int]) -> None:
 
 def _where(task: asyncio.Task[Any]) -> str:
     """Where a task's work is suspended: its innermost await outside this package and asyncio."""
-    place, link = "an unknown point", task.get_coro()
+    place = "an unknown point"
+    link: Any = task.get_coro()  # Then what each one awaits: a coroutine, a generator, a future.
     while link is not None:
         frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
         if frame is None:
@@ -895,7 +912,7 @@ def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
     return True
 
 
-class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
+class _CancelQueue(QueueProxy):
     """The queue ``cancel()`` sees: it may publish CANCELED once; a terminal state is final."""
 
     def __init__(self, queue: EventQueue, context: RequestContext) -> None:
@@ -915,7 +932,7 @@ class _CancelQueue(wrapt.ObjectProxy):  # type: ignore[misc]
         if may_enqueue(self.__wrapped__, event, task_id, state is not None):
             await self.__wrapped__.enqueue_event(event)
 
-    async def publish(self, state: int) -> bool:
+    async def publish(self, state: TaskState) -> bool:
         """Publish the framework's terminal ``state``, unless the run already ended."""
         context = self._self_context
         if weakref.ref(self.__wrapped__) in _ended or context.current_task is None:

@@ -42,12 +42,15 @@ class CancelNotices(abc.ABC):
 
     async def announce_in(self, session: Any, task_id: str) -> None:
         """Announce in the transaction that records the cancel: delivered on its commit."""
+        return None  # By default notices go out after the commit (announce).
 
     async def announce(self, task_id: str) -> None:
         """Announce once the transaction that recorded the cancel has committed."""
+        return None  # By default notices went out in the transaction (announce_in).
 
     def check_store(self, store: Any) -> None:
         """Raise ``TypeError`` if these notices cannot be announced with ``store``'s writes."""
+        return None  # By default any store will do.
 
     @abc.abstractmethod
     def listen(self) -> _Notices:

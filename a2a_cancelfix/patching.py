@@ -47,7 +47,7 @@ def patch(**options: Any) -> None:
         TypeError, ValueError: an option outside its documented values, or an unknown one.
     """
     global _replaced
-    unknown = set(options) - {field for field in Settings.__dataclass_fields__}
+    unknown = set(options) - set(Settings.__dataclass_fields__)
     if unknown:
         raise TypeError(f"patch() got unknown options: {', '.join(sorted(unknown))}")
     Settings(**options)  # Checked now, not at the first handler a framework builds.
@@ -66,7 +66,7 @@ def patch(**options: Any) -> None:
     sdk_init = replaced["__init__"]
 
     @functools.wraps(sdk_init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 (the SDK class's, replaced)
         DefaultRequestHandler.__init__(self, *args, **{**options, **kwargs})
 
     sdk.__init__ = __init__  # type: ignore[method-assign]

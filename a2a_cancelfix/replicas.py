@@ -16,7 +16,7 @@ import logging
 import math
 import weakref
 from collections.abc import AsyncGenerator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from a2a_cancelfix.checkpoints import Run
 
 logger = logging.getLogger("a2a_cancelfix")
+
+# A terminal event a stream or a sender hands on: as_stored answers with one of the same type.
+Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 
 DEFAULT_POLL_INTERVAL = 1.0
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
@@ -56,11 +59,15 @@ class Running(Protocol):
 class Watched(Protocol):
     """What the watch looks after: a `lifecycle.Lifecycle`'s runs, parked tasks and cancels."""
 
-    works: Mapping[str, Running]
-    parked: dict[str, ServerCallContext]
-    cancellations: Mapping[str, object]
+    # Read-only: the lifecycle's own dicts, of its own types, are what the watch reads.
+    @property
+    def works(self) -> Mapping[str, Running]: ...
+    @property
+    def parked(self) -> dict[str, ServerCallContext]: ...
+    @property
+    def cancellations(self) -> Mapping[str, object]: ...
 
-    async def noticed_parked(self, stored: Task, active: Any, caller: ServerCallContext) -> None:
+    async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
 
 
@@ -148,7 +155,7 @@ class RemoteCancels:
             self.refused_tasks.popitem(last=False)
         self.noticed(task_id)
 
-    async def as_stored(self, event: Any, caller: ServerCallContext) -> Any:
+    async def as_stored(self, event: Ending, caller: ServerCallContext) -> Ending:
         """A terminal ``event`` of this replica's, or the end the store holds instead.
 
         A run's end that the store refused (another replica's CANCELED came first) still

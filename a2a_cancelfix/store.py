@@ -166,11 +166,13 @@ class FinalStateTaskStore(TaskStore):
 
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         """Get the task from the wrapped store, scoped to the caller as it scopes it."""
-        return await self.wrapped.get(task_id, context)
+        task: Task | None = await self.wrapped.get(task_id, context)
+        return task
 
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         """List the caller's tasks from the wrapped store."""
-        return await self.wrapped.list(params, context)
+        tasks: ListTasksResponse = await self.wrapped.list(params, context)
+        return tasks
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         """Delete the task from the wrapped store (a delete is not a save: it is not refused)."""
@@ -184,7 +186,11 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
     from sqlalchemy.dialects import postgresql, sqlite
 
     dialect = store.engine.dialect.name
-    upsert = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect)
+    upserts: dict[str, Callable[[Any], sqlite.Insert | postgresql.Insert]] = {
+        "sqlite": sqlite.insert,
+        "postgresql": postgresql.insert,
+    }
+    upsert = upserts.get(dialect)
     if upsert is None:
         raise TypeError(
             f"FinalStateTaskStore guards a DatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
@@ -284,7 +290,7 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
             f"FinalStateTaskStore guards a VersionedDatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
         )
     versions, journal = _sdk.version_model(store), _sdk.journal_model(store)
-    TaskVersion, Conflict = _sdk.TaskVersion, _sdk.ConcurrentTaskModificationError
+    TaskVersion, Conflict = _sdk.TaskVersion, _sdk.ConcurrentTaskModificationError  # noqa: N806 (classes)
 
     async def save_once(task: Task, event: Any, prev_version: Any, owner: str) -> Any:
         row = _sdk.versioned_row(store, task, owner)
@@ -341,7 +347,8 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
         return type(f"Versioned{base.__name__}", (base, _versioned_class(FinalStateTaskStore)), attributes)
     from sqlalchemy.exc import DBAPIError  # There with a2a-sdk's database extras only.
 
-    class VersionedFinalStateTaskStore(FinalStateTaskStore, _sdk.VersionedTaskStore):  # type: ignore[misc,name-defined]
+    # Before 1.2.0 (no cluster layer) the checker knows the second base only as Any.
+    class VersionedFinalStateTaskStore(FinalStateTaskStore, _sdk.VersionedTaskStore):  # type: ignore[misc, unused-ignore]
         """``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``: see the module's doc."""
 
         def _guard(self, store: Any) -> Any:
@@ -388,7 +395,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
             # same end is the stored one. The SDK's consumer goes on, and publishes it.
             return refused.version
 
-        async def get(self, task_id: str, context: ServerCallContext) -> Any:  # type: ignore[override]
+        async def get(self, task_id: str, context: ServerCallContext) -> Any:
             """The task with its version (a ``StoredTask``), as the wrapped store has it."""
             return await self.wrapped.get(task_id, context)
 

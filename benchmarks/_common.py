@@ -55,7 +55,7 @@ def interleaved(
     for index in range(rounds):
         for kind in ("stock", "ours") if index % 2 == 0 else ("ours", "stock"):
             results[kind].append(asyncio.run(measure(kind)))
-    return results, [ours / stock for ours, stock in zip(results["ours"], results["stock"])]
+    return results, [ours / stock for ours, stock in zip(results["ours"], results["stock"], strict=True)]
 
 
 def in_processes(script: str, arguments: list[str], processes: int) -> list[Any]:

@@ -86,8 +86,8 @@ def rearm(executor: ScriptedExecutor) -> None:
 
 async def listening(server) -> None:
     """Wait until the replica hears its notices: it then polls no more (a benchmark may poll)."""
-    while server.handler.agent_executor.cancel_lifecycle.remote.interval != math.inf:
-        await asyncio.sleep(0.005)
+    while server.handler.agent_executor.cancel_lifecycle.remote.interval != math.inf:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)  # Nothing signals it: the watch sets its interval when it hears.
 
 
 async def observation(kind: str, mode: str, interval: float, samples: int) -> list[float]:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import cancel_latency  # noqa: E402
-import checkpoint_cost  # noqa: E402
-import hot_path  # noqa: E402
-import mass_cancel  # noqa: E402
-import replicas  # noqa: E402
+import cancel_latency
+import checkpoint_cost
+import hot_path
+import mass_cancel
+import replicas
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ class CancelStartsAPoller(Agent):
         self.calls = 0
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        asyncio.ensure_future(self.poll())
+        self.poller = asyncio.ensure_future(self.poll())
 
     async def poll(self) -> None:
         while True:

@@ -136,5 +136,5 @@ async def test_a_wait_is_patient_only_where_the_loop_ran_late(
     assert await wait_patiently(wait, 101.0, 110.0) is outcome
     assert len(asked) == waits
     assert asked[0] == 101.0
-    for before, after, late in zip(asked, asked[1:], lateness):
+    for before, after, late in zip(asked, asked[1:], lateness, strict=False):
         assert after == pytest.approx(min(before + 2 * late, 110.0))

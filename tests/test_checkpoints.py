@@ -54,10 +54,9 @@ class ClaimingExecutor(ScriptedExecutor):
     async def _work_step(self) -> None:
         self.log.append("claimed")
         in_flight = asyncio.get_running_loop().create_future()
-        try:
+        # Not wrapped (RuntimeError): the stock handler has no cancellation scope.
+        with contextlib.suppress(RuntimeError):
             on_cancel(in_flight.cancel)  # Aborts the "HTTP call" below the moment the cancel lands.
-        except RuntimeError:
-            pass  # Not wrapped: the stock handler has no cancellation scope.
         try:
             await self.scrub()
             await self.orchestrate(in_flight)

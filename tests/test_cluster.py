@@ -8,6 +8,7 @@ what the stock handler and store do on the same setup, then what ours do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import AsyncIterator
@@ -152,10 +153,9 @@ class HalfWritten(ScriptedExecutor):
 
     async def _work_step(self) -> None:
         assert self.queue is not None and self.context is not None
-        try:
+        # The stock handler runs no cancellation scope (RuntimeError): nothing could call it back.
+        with contextlib.suppress(RuntimeError):
             on_cancel(self.called_back.set)
-        except RuntimeError:
-            pass  # The stock handler runs no cancellation scope: nothing could call it back.
         await self.queue.enqueue_event(half(self.context, 1))
         await self.step()
         await self.queue.enqueue_event(half(self.context, 2))

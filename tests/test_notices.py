@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -171,7 +172,7 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
                 server.executor.step.open()
                 task_id = server.executor.task_id
                 if task_id:  # Closed here, not cut by the loop's teardown mid-write.
-                    await eventually(lambda: _run_closed(server, task_id))
+                    await eventually(functools.partial(_run_closed, server, task_id))
                 await within(server.handler.aclose())
             for close in made.closers:
                 await close()

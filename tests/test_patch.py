@@ -55,7 +55,7 @@ async def stream_after_cancel(server: Server) -> str:
 
 def arguments(executor: ScriptedExecutor) -> dict:
     card = make_server("stock", executor).handler._agent_card
-    return dict(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+    return {"agent_executor": executor, "task_store": InMemoryTaskStore(), "agent_card": card}
 
 
 @pytest.mark.asyncio

@@ -139,16 +139,15 @@ async def test_cancel_through_another_replica_reaches_the_running_one(database) 
 @pytest.mark.asyncio
 async def test_a_second_cancel_anywhere_is_refused(database) -> None:
     """Once CANCELED is stored, a cancel through any replica is not cancelable: the state stays."""
-    async with replicas(database, 2) as (a, b):
-        async with httpx.AsyncClient(timeout=BOUND) as client:
-            stream, task_id = await working(client, a.url, None)
-            first = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
-            assert await stream.ended(BOUND) and stream.error is None
-            again_a = await rest(client, "POST", f"{a.url}/rest/tasks/{task_id}:cancel")
-            again_b = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
-            assert first[0] == 200 and again_a[0] in (400, 409) and again_b[0] in (400, 409)
-            status, task = await rest(client, "GET", f"{a.url}/rest/tasks/{task_id}")
-            assert task["status"]["state"] == "TASK_STATE_CANCELED"
+    async with replicas(database, 2) as (a, b), httpx.AsyncClient(timeout=BOUND) as client:
+        stream, task_id = await working(client, a.url, None)
+        first = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+        assert await stream.ended(BOUND) and stream.error is None
+        again_a = await rest(client, "POST", f"{a.url}/rest/tasks/{task_id}:cancel")
+        again_b = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+        assert first[0] == 200 and again_a[0] in (400, 409) and again_b[0] in (400, 409)
+        _, task = await rest(client, "GET", f"{a.url}/rest/tasks/{task_id}")
+        assert task["status"]["state"] == "TASK_STATE_CANCELED"
 
 
 @pytest.mark.asyncio
@@ -157,14 +156,16 @@ async def test_a_pushed_cancel_reaches_the_running_process_with_polling_an_hour_
     by the notice alone (A polls once an hour, and saves nothing between its steps)."""
     url, _ = database
     notices = "postgres" if url.startswith("postgresql") else "redis://127.0.0.1:6379/0"
-    async with replicas(database, 2, A2ACF_NOTICES=notices, A2ACF_POLL="3600") as (a, b):
-        async with httpx.AsyncClient(timeout=BOUND) as client:
-            stream, task_id = await working(client, a.url, None)
-            status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
-            assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
-            assert await stream.ended(BOUND) and stream.last == "CANCELED"
-            _, debug = await rest(client, "GET", f"{a.url}/debug")
-            assert task_id in debug["cancelled"] and task_id in debug["stopped"]
+    async with (
+        replicas(database, 2, A2ACF_NOTICES=notices, A2ACF_POLL="3600") as (a, b),
+        httpx.AsyncClient(timeout=BOUND) as client,
+    ):
+        stream, task_id = await working(client, a.url, None)
+        status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+        assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
+        assert await stream.ended(BOUND) and stream.last == "CANCELED"
+        _, debug = await rest(client, "GET", f"{a.url}/debug")
+        assert task_id in debug["cancelled"] and task_id in debug["stopped"]
 
 
 @pytest.mark.asyncio
@@ -181,17 +182,19 @@ async def test_in_cluster_mode_a_cancel_through_another_replica_reaches_the_runn
     await VersionedDatabaseTaskStore(engine).initialize()
     await DatabaseTaskEventStream(engine).initialize()
     await engine.dispose()
-    async with replicas(database, 2, A2ACF_CLUSTER="1") as (a, b):
-        async with httpx.AsyncClient(timeout=BOUND) as client:
-            stream, task_id = await working(client, a.url, None)
-            remote = Stream(subscribe(client, b.url, task_id))
-            await remote.until(lambda: bool(remote.events), BOUND)
-            status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
-            assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
-            assert await stream.ended(BOUND) and stream.last == "CANCELED"
-            assert await remote.ended(BOUND) and remote.last == "CANCELED"
-            _, debug = await rest(client, "GET", f"{a.url}/debug")
-            assert task_id in debug["cancelled"] and task_id in debug["stopped"]
+    async with (
+        replicas(database, 2, A2ACF_CLUSTER="1") as (a, b),
+        httpx.AsyncClient(timeout=BOUND) as client,
+    ):
+        stream, task_id = await working(client, a.url, None)
+        remote = Stream(subscribe(client, b.url, task_id))
+        await remote.until(lambda: bool(remote.events), BOUND)
+        status, answer = await rest(client, "POST", f"{b.url}/rest/tasks/{task_id}:cancel")
+        assert status == 200 and answer["status"]["state"] == "TASK_STATE_CANCELED"
+        assert await stream.ended(BOUND) and stream.last == "CANCELED"
+        assert await remote.ended(BOUND) and remote.last == "CANCELED"
+        _, debug = await rest(client, "GET", f"{a.url}/debug")
+        assert task_id in debug["cancelled"] and task_id in debug["stopped"]
 
 
 async def subscribe(client: httpx.AsyncClient, url: str, task_id: str) -> AsyncIterator[Any]:

@@ -133,7 +133,7 @@ async def test_polling_can_be_turned_off() -> None:
 async def test_no_poll_before_the_interval_is_due() -> None:
     """A run that checkpoints in a tight loop does not read the store before the interval is due."""
     reads = 0
-    a, b = replicas(PollingExecutor(), replica_poll_interval=3600)
+    a, _ = replicas(PollingExecutor(), replica_poll_interval=3600)
     original = a.handler.agent_executor.cancel_lifecycle.remote.read_for
 
     async def counted(context: RequestContext):

@@ -183,7 +183,7 @@ async def _serve_grpc(handler: Any) -> AsyncIterator[Endpoint]:
     left = asyncio.Event()
     calls: set[Any] = set()
 
-    class Servicer(GrpcHandler):  # type: ignore[misc, valid-type]
+    class Servicer(GrpcHandler):
         """The SDK's gRPC servicer, noting which CancelTask calls are still being served."""
 
         async def CancelTask(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)

@@ -128,7 +128,7 @@ class Stream:
         """The last task state the stream showed, the name of the error it ended with, or "nothing"."""
         if self.error is not None:
             return type(self.error).__name__
-        states = [state_of(event) for event in self.events if state_of(event)]
+        states = [state for event in self.events if (state := state_of(event))]
         return states[-1] if states else "nothing"
 
 

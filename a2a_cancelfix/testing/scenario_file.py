@@ -32,7 +32,7 @@ import difflib
 import importlib
 import sys
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,10 +40,10 @@ from a2a_cancelfix.testing._probe import Point
 from a2a_cancelfix.testing.sweep import Plan, Report, check_setup, landings_at
 from a2a_cancelfix.testing.waits import in_own_loop
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 
 class ScenarioError(ValueError):
@@ -54,7 +54,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-States = Union[str, list[str]]
+States = str | list[str]
 
 
 class _Cancel(_Section):

@@ -120,7 +120,7 @@ class OverTheWire(Calls):
         super().__init__(handler)
         self.endpoint = endpoint
 
-    async def send_stream(  # type: ignore[override]
+    async def send_stream(
         self, request: SendMessageRequest, owner: str
     ) -> AsyncIterator[Any]:
         async with _wire.connect(self.endpoint, owner) as client:
@@ -141,7 +141,7 @@ class OverTheWire(Calls):
         async with _wire.connect(self.endpoint, owner) as client:
             return await client.get_task(GetTaskRequest(id=task_id))
 
-    async def subscribe(  # type: ignore[override]
+    async def subscribe(
         self, task_id: str, owner: str
     ) -> AsyncIterator[Any]:
         async with _wire.connect(self.endpoint, owner) as client:
@@ -153,7 +153,7 @@ class OverTheWire(Calls):
             await client.create_task_push_notification_config(config)
 
     @contextlib.asynccontextmanager
-    async def session(self, owner: str) -> AsyncIterator[Calls]:  # type: ignore[override]
+    async def session(self, owner: str) -> AsyncIterator[Calls]:
         async with _wire.connect(self.endpoint, owner, streaming=False) as client:
             yield _Session(self.handler, client)
 
@@ -191,7 +191,7 @@ class Server:
 
     handler: DefaultRequestHandlerV2
     executor: ScriptedExecutor
-    store: TaskStore
+    store: TaskStore | Any  # a VersionedTaskStore too, on a2a-sdk 1.2+
     push: PushReceiver
     calls: Calls
     """How the scenario reaches the handler: in process, or over a transport."""
@@ -221,7 +221,7 @@ def make_server(
         version="1",
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
     )
-    arguments: dict[str, Any] = dict(agent_executor=executor, task_store=store, agent_card=card)
+    arguments: dict[str, Any] = {"agent_executor": executor, "task_store": store, "agent_card": card}
     if event_stream is not None:
         arguments["event_stream"] = event_stream
     if push:
@@ -327,7 +327,7 @@ async def stored(server: Server, task_id: str, owner: str = "alice") -> str:
     return await outcome(server.calls.get(task_id, owner))
 
 
-async def outcome(call: Awaitable[Task | None]) -> str:
+async def outcome(call: Awaitable[Task | Message | None]) -> str:
     """Await ``call``: the state of the task it returns, or the name of the A2A error it raises
     (without "Error"), or ``raised`` and the name of any other exception."""
     try:

@@ -143,7 +143,7 @@ class Report:
 
     def __str__(self) -> str:
         columns = ("store", "stream", "subscriber", "push", "sender")
-        cells = [("moment", "origin", "answer", *columns, "")]
+        cells: list[tuple[str, ...]] = [("moment", "origin", "answer", *columns, "")]
         for row in self.rows:
             seen = [row.seen.get(name, "-") for name in columns]
             cells.append(

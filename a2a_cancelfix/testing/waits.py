@@ -101,23 +101,26 @@ async def _one_wakes() -> None:
     """Wait until a future another task awaits is done, or the loop's next timer is due."""
     loop = asyncio.get_running_loop()
     this = asyncio.current_task()
-    waiters = [getattr(task, "_fut_waiter", None) for task in asyncio.all_tasks(loop) if task is not this]
+    waiters: list[asyncio.Future[Any] | None] = [
+        getattr(task, "_fut_waiter", None) for task in asyncio.all_tasks(loop) if task is not this
+    ]
     if any(waiter is None or waiter.done() for waiter in waiters):
         return  # One is runnable already.
+    waiting = [waiter for waiter in waiters if waiter is not None]
     woken = loop.create_future()
 
     def wake(_: object = None) -> None:
         if not woken.done():
             woken.set_result(None)
 
-    for waiter in waiters:
+    for waiter in waiting:
         waiter.add_done_callback(wake)
     timers = [timer.when() for timer in getattr(loop, "_scheduled", ()) if not timer.cancelled()]
     timer = loop.call_at(min(timers), wake) if timers else None
     try:
         await woken
     finally:
-        for waiter in waiters:
+        for waiter in waiting:
             waiter.remove_done_callback(wake)
         if timer is not None:
             timer.cancel()

@@ -114,7 +114,7 @@ _TITLES = {
 
 
 def render(rows: list[ScenarioOutcomes]) -> str:
-    cells = [("scenario", *(_TITLES[kind] for kind in HANDLERS))]
+    cells: list[tuple[str, ...]] = [("scenario", *(_TITLES[kind] for kind in HANDLERS))]
     for row in rows:
         outcomes = [row.outcomes[kind] for kind in HANDLERS]
         if not row.holds:

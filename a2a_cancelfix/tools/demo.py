@@ -81,7 +81,7 @@ def _say(text: str) -> Message:
     return Message(role=Role.ROLE_AGENT, message_id=f"agent-{id(text)}", parts=[Part(text=text)])
 
 
-def build_app(host: str, port: int):  # type: ignore[no-untyped-def]
+def build_app(host: str, port: int):
     """The Starlette app: agent card, JSON-RPC at ``/``, REST under ``/rest``."""
     from a2a.server.routes import (
         create_agent_card_routes,

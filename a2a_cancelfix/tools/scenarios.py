@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,7 +341,7 @@ async def cancel_during_cancel(bench: Bench) -> str:
     return f"{await _answers([first, second])}, task {await stored(server, task_id)}"
 
 
-async def _answers(cancels: list[asyncio.Future[str]]) -> str:
+async def _answers(cancels: Sequence[asyncio.Future[str]]) -> str:
     """What concurrent cancels answered, HANG for one with no answer within half the bound."""
     await asyncio.wait(cancels, timeout=BOUND / 2)
     return " and ".join(cancel.result() if cancel.done() else "HANG" for cancel in cancels)
@@ -414,5 +414,5 @@ def run_all() -> list[tuple[Scenario, dict[str, str]]]:
     with its outcome per kind."""
     runs = [(scenario, kind) for scenario in SCENARIOS for kind in HANDLERS]
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        outcomes = dict(zip(runs, pool.map(lambda run: run_scenario(*run), runs)))
+        outcomes = dict(zip(runs, pool.map(lambda run: run_scenario(*run), runs), strict=True))
     return [(scenario, {kind: outcomes[scenario, kind] for kind in HANDLERS}) for scenario in SCENARIOS]

@@ -81,13 +81,13 @@ async def serve_agent(
     card = agent_card(transport, url)
     configs = InMemoryPushNotificationConfigStore()
     async with httpx.AsyncClient() as push_client:
-        arguments: dict[str, Any] = dict(
-            agent_executor=executor,
-            task_store=InMemoryTaskStore(),
-            agent_card=card,
-            push_config_store=configs,
-            push_sender=push_sender(push_client, configs),
-        )
+        arguments: dict[str, Any] = {
+            "agent_executor": executor,
+            "task_store": InMemoryTaskStore(),
+            "agent_card": card,
+            "push_config_store": configs,
+            "push_sender": push_sender(push_client, configs),
+        }
         handler = (
             DefaultRequestHandlerV2(**arguments)
             if stock
