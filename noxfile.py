@@ -7,7 +7,7 @@ nox.options.sessions = ["tests"]
 nox.options.error_on_missing_interpreters = True
 
 # Every minor line's first and last release we support, and whatever 1.x is newest today.
-SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.3", "newest"]
+SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.2", "1.2.3", "newest"]
 
 
 @nox.session

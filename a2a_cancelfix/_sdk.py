@@ -282,9 +282,14 @@ def streams_remote_tasks(handler: DefaultRequestHandlerV2) -> bool:
     return getattr(handler, "_event_stream", None) is not None  # 1.2.0+: its TaskEventStream
 
 
+async def run_of(handler: DefaultRequestHandlerV2, task_id: str) -> ActiveTask | None:
+    """The run of ``task_id`` the handler's registry still holds, finished or not."""
+    return await handler._active_task_registry.get(task_id) if SUPPORTED else None  # 1.0.0-1.3.0
+
+
 async def has_run(handler: DefaultRequestHandlerV2, task_id: str) -> bool:
     """Whether the handler's registry still holds a run of ``task_id``, finished or not."""
-    return SUPPORTED and await handler._active_task_registry.get(task_id) is not None
+    return await run_of(handler, task_id) is not None
 
 
 async def read_task(
@@ -485,17 +490,17 @@ def memory_tasks(store: Any) -> MemoryTasks:
 # a2a-sdk's cluster mode (a2a/server/cluster/): a versioned store over SQLAlchemy and an
 # event stream, for FinalStateTaskStore's guarded versioned save. Probed as a whole: a
 # release without one of these pieces is not guarded, and FinalStateTaskStore refuses it.
-try:  # 1.3.0
+try:  # 1.2.0-1.3.0 (the cluster package is the same in 1.2.0-1.2.3)
     from a2a.server.cluster import ConcurrentTaskModificationError, TaskVersion, VersionedTaskStore
     from a2a.server.cluster.database_task_store import VersionedDatabaseTaskStore, _is_transient
     from a2a.server.cluster.database_task_store import _as_int as _version_number
     from a2a.utils.proto_utils import to_stream_response
 
     _CLUSTER_IMPORTED = True
-except ImportError:  # 1.0.0-1.2.x, or no SQLAlchemy (a2a-sdk without its database extras)
+except ImportError:  # 1.0.0-1.1.x, or no SQLAlchemy (a2a-sdk without its database extras)
     _CLUSTER_IMPORTED = False  # Then none of these names is read: each use is behind HAS_CLUSTER.
 
-# What VersionedDatabaseTaskStore.__init__ assigns and the methods its _save_once calls: 1.3.0.
+# What VersionedDatabaseTaskStore.__init__ assigns and the methods its _save_once calls: 1.2.0-1.3.0.
 _VERSIONED_ATTRIBUTES = ("_db", "_version_model", "_event_model", "_max_attempts", "_retry_delay_s")
 _VERSIONED_METHODS = ("_ensure_cluster_tables", "_lock_version", "_current_task", "_insert_version")
 
@@ -523,69 +528,69 @@ def versioned_engine(store: Any) -> Any:
 
 async def versioned_tables_ready(store: Any) -> None:
     """Create the task, version and journal tables once, as its own save does."""
-    await store._db._ensure_initialized()  # 1.3.0
-    await store._ensure_cluster_tables()  # 1.3.0
+    await store._db._ensure_initialized()  # 1.2.0-1.3.0
+    await store._ensure_cluster_tables()  # 1.2.0-1.3.0
 
 
 def versioned_owner(store: Any, context: ServerCallContext) -> str:
-    owner: str = store._db.owner_resolver(context)  # 1.3.0
+    owner: str = store._db.owner_resolver(context)  # 1.2.0-1.3.0
     return owner
 
 
 def versioned_row(store: Any, task: Task, owner: str) -> Any:
     """The ORM row its save merges for ``task``."""
-    return store._db._to_orm(task, owner)  # 1.3.0
+    return store._db._to_orm(task, owner)  # 1.2.0-1.3.0
 
 
 def versioned_transaction(store: Any) -> Any:
     """A session in a transaction on the store's engine (``async with``)."""
-    return store._db.async_session_maker.begin()  # 1.3.0
+    return store._db.async_session_maker.begin()  # 1.2.0-1.3.0
 
 
 def version_model(store: Any) -> Any:
     """The ORM model of the ``task_versions`` table: task_id, owner, version."""
-    return store._version_model  # 1.3.0
+    return store._version_model  # 1.2.0-1.3.0
 
 
 def journal_model(store: Any) -> Any:
     """The ORM model of the ``task_events`` table that DatabaseTaskEventStream tails."""
-    return store._event_model  # 1.3.0
+    return store._event_model  # 1.2.0-1.3.0
 
 
 async def lock_version(store: Any, session: Any, task_id: str, owner: str) -> int | None:
     """The stored version number, its row locked (``FOR UPDATE``; SQLite ignores that)."""
-    version: int | None = await store._lock_version(session, task_id, owner)  # 1.3.0
+    version: int | None = await store._lock_version(session, task_id, owner)  # 1.2.0-1.3.0
     return version
 
 
 async def current_task(store: Any, session: Any, task_id: str, owner: str) -> Task | None:
     """The stored task, its row locked (``FOR UPDATE``; SQLite ignores that)."""
-    task: Task | None = await store._current_task(session, task_id, owner)  # 1.3.0
+    task: Task | None = await store._current_task(session, task_id, owner)  # 1.2.0-1.3.0
     return task
 
 
 async def insert_version(store: Any, session: Any, task_id: str, owner: str, version: int) -> None:
     """Insert the first version row; ``ConcurrentTaskModificationError`` if one exists."""
-    await store._insert_version(session, task_id, owner, version)  # 1.3.0
+    await store._insert_version(session, task_id, owner, version)  # 1.2.0-1.3.0
 
 
 def version_number(version: Any) -> int:
     """The integer a VersionedDatabaseTaskStore's TaskVersion wraps."""
-    number: int = _version_number(version)  # 1.3.0
+    number: int = _version_number(version)  # 1.2.0-1.3.0
     return number
 
 
 def journal_entry(event: Any) -> bytes:
     """An event as the journal stores it (a serialised StreamResponse)."""
-    return to_stream_response(event).SerializeToString()  # 1.3.0
+    return to_stream_response(event).SerializeToString()  # 1.2.0-1.3.0
 
 
 def save_retries(store: Any) -> tuple[int, float]:
     """How often, and how far apart, its save retries transient database errors."""
-    return store._max_attempts, store._retry_delay_s  # 1.3.0
+    return store._max_attempts, store._retry_delay_s  # 1.2.0-1.3.0
 
 
 def is_transient(error: DBAPIError) -> bool:
     """Whether a DBAPIError is contention the SDK's store retries (lock, serialization)."""
-    transient: bool = _is_transient(error)  # 1.3.0
+    transient: bool = _is_transient(error)  # 1.2.0-1.3.0
     return transient

@@ -571,6 +571,16 @@ class Lifecycle:
         if cancellation.failure is not None:  # FAILED is published; the SDK answers with it.
             raise cancellation.failure
 
+    async def close_run(self, task_id: str) -> None:
+        """See that the run here of a task whose end the store refused closes, as after a cancel.
+
+        In upstream's cluster mode on a2a-sdk 1.2.0-1.2.2 such a run never closes by itself:
+        its teardown waits for good for a stream to take the SDK's request marker.
+        """
+        active = await _sdk.run_of(self.handler, task_id)
+        if active is not None:
+            _tear_down(active, task_id)
+
     # The runs.
 
     def follow_up_accepted(self, message_id: str) -> None:

@@ -70,6 +70,9 @@ class Watched(Protocol):
     async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
 
+    async def close_run(self, task_id: str) -> None:
+        """See that the run here of a task whose end the store refused closes."""
+
 
 class RemoteCancels:
     """One handler's watch for cancels recorded by other replicas.
@@ -154,6 +157,11 @@ class RemoteCancels:
         if len(self.refused_tasks) > _REFUSALS_KEPT:
             self.refused_tasks.popitem(last=False)
         self.noticed(task_id)
+        lifecycle = self.lifecycle
+        if not (task_id in lifecycle.works or task_id in lifecycle.cancellations or task_id in lifecycle.parked):
+            # Its execute() has returned (its cancel too, if it had one): nothing of ours ends
+            # it, and the SDK's own teardown of it may never end (see Lifecycle.close_run).
+            keep(lifecycle.close_run(task_id))
 
     async def as_stored(self, event: Ending, caller: ServerCallContext) -> Ending:
         """A terminal ``event`` of this replica's, or the end the store holds instead.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from a2a_cancelfix._sdk import SDK_VERSION
 
-COLUMNS = ("1.0.0", "1.0.3", "1.1.2, 1.1.3", "1.1.5", "1.2.3", "1.3.0")
-_FIRST = ((1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 4), (1, 2, 0), (1, 3, 0))
+COLUMNS = ("1.0.0", "1.0.3", "1.1.2, 1.1.3", "1.1.5", "1.2.2", "1.2.3", "1.3.0")
+_FIRST = ((1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 4), (1, 2, 0), (1, 2, 3), (1, 3, 0))
 """The first release of each column's range."""
 
 
@@ -32,7 +32,7 @@ def _until_1_1_4(before: str | None, after: str | None) -> tuple[str | None, ...
 
 def _until_1_2(before: str | None, after: str | None) -> tuple[str | None, ...]:
     """``before`` up to a2a-sdk 1.1.5, ``after`` from 1.2.0 (a terminal task refused first) on."""
-    return _split("1.2.3", before, after)
+    return _split("1.2.2", before, after)
 
 
 # What the SDK's own DefaultRequestHandler does, as its clients see it (over JSON-RPC, or
@@ -45,7 +45,7 @@ STOCK: dict[str, tuple[str | None, ...]] = {
     "mid-run, two push configs": _same("a got WORKING, b got nothing"),
     "cancel retried": ("WORKING, then WORKING",) * 3
     + ("CANCELED, then CANCELED",)
-    + ("CANCELED, then TaskNotCancelable",) * 2,
+    + ("CANCELED, then TaskNotCancelable",) * 3,
     "parked INPUT_REQUIRED": _until_1_1_4(
         "INPUT_REQUIRED / INPUT_REQUIRED, cancel() called", "CANCELED / CANCELED, cancel() called"
     ),
@@ -72,6 +72,7 @@ STOCK: dict[str, tuple[str | None, ...]] = {
         "WORKING and WORKING, task WORKING",
         "WORKING and WORKING, task WORKING",
         "CANCELED and CANCELED, task CANCELED",
+        "CANCELED and TaskNotCancelable, task CANCELED",
         "CANCELED and CANCELED, task CANCELED",
         "CANCELED and HANG, task CANCELED",
     ),
@@ -82,13 +83,14 @@ STOCK: dict[str, tuple[str | None, ...]] = {
         "CANCELED and HANG, task CANCELED",
         "CANCELED and CANCELED, task CANCELED",
         "CANCELED and CANCELED, task CANCELED",
+        "CANCELED and CANCELED, task CANCELED",
     ),
 }
 
 # Where the SDK's handler around a CancellableExecutor still differs from our handler;
 # None: it does what our handler does.
 WRAPPED: dict[str, tuple[str | None, ...]] = {
-    "cancel retried": (None, None, "CANCELED, then CANCELED", "CANCELED, then CANCELED", None, None),
+    "cancel retried": (None, None, "CANCELED, then CANCELED", "CANCELED, then CANCELED", None, None, None),
     "another user cancels": _until_1_1_4("CANCELED, owner sees WORKING, run killed", None),
     "another user subscribes": _until_1_1_4("got WORKING", None),
     "completed, execute() still returning": _until_1_2("COMPLETED / COMPLETED", None),

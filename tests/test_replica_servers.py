@@ -169,7 +169,7 @@ async def test_a_pushed_cancel_reaches_the_running_process_with_polling_an_hour_
 
 
 @pytest.mark.asyncio
-@pytest.mark.skipif(not _sdk.HAS_CLUSTER, reason="cluster mode is a2a-sdk 1.3+")
+@pytest.mark.skipif(not _sdk.HAS_CLUSTER, reason="cluster mode is a2a-sdk 1.2+")
 async def test_in_cluster_mode_a_cancel_through_another_replica_reaches_the_running_one(database) -> None:
     """Upstream's cluster mode between processes: A's cancel() runs and its stream ends
     CANCELED; a subscriber on B, tailing the journal, ends CANCELED too."""
