@@ -134,7 +134,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         return await self._lifecycle.request(params.id, context)
 
     async def aclose(self) -> None:
-        """Stop hearing notices; on a2a-sdk 1.3+, then shut down as the SDK does."""
+        """Stop hearing notices and the store's refusals; on a2a-sdk 1.3+, then shut down as the
+        SDK does."""
         await self._remote.aclose()
         if _sdk_close is not None:
             await _sdk_close(self)

@@ -73,20 +73,6 @@ def in_processes(script: str, arguments: list[str], processes: int) -> list[Any]
     return shares
 
 
-def run(coroutine: Awaitable[Any]) -> Any:
-    """Like ``asyncio.run``, but leftovers of a run get one bounded chance to end, not forever."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.wait(pending, timeout=5))
-        loop.close()
-
-
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]

@@ -17,9 +17,10 @@ import sqlalchemy as sa
 from a2a.server.tasks import DatabaseTaskStore
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from _common import clock, header, percentile, run
+from _common import clock, header, percentile
 from a2a_cancelfix import FinalStateTaskStore, _sdk, checkpoint
 from a2a_cancelfix.testing import Gate, ScriptedExecutor, cancel, make_server, start, stored
+from a2a_cancelfix.testing.waits import in_own_loop
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -261,9 +262,9 @@ def main(quick: bool) -> None:
     configurations = [(kind, "poll", interval) for kind in ("sqlite", "postgresql") for interval in (0.1, 0.5, 1.0)]
     configurations += [("postgresql", "notify", 1.0), ("sqlite", "redis", 1.0), ("postgresql", "redis", 1.0)]
     for kind, mode, interval in configurations:
-        latencies = run(observation(kind, mode, interval, samples))
+        latencies = in_own_loop(observation, kind, mode, interval, samples)
         p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-        reads = run(reads_per_task_second(kind, mode, interval, 5 if quick else 20, 2 * interval + 1))
+        reads = in_own_loop(reads_per_task_second, kind, mode, interval, 5 if quick else 20, 2 * interval + 1)
         how = f"poll {interval:4.1f} s" if mode == "poll" else f"{mode:6} (poll {interval:.1f} s as fallback)"
         print(
             f"{kind:10} {how:30}: A notices p50 {p50 * 1e3:6.1f} ms, p99 {p99 * 1e3:6.1f} ms; "
@@ -274,7 +275,7 @@ def main(quick: bool) -> None:
     for setup in setups:
         for kind in ("sqlite", "postgresql"):
             for handler in ("stock", "ours"):
-                won, differ, overwritten = run(races(kind, setup, handler, rounds))
+                won, differ, overwritten = in_own_loop(races, kind, setup, handler, rounds)
                 print(
                     f"{setup:8} {kind:10} {handler:5}: {won:3} of {rounds} cancels won, "
                     f"{differ} answers unlike the store, {overwritten} terminal states overwritten"

@@ -185,7 +185,8 @@ def test_json_says_what_was_not_run(monkeypatch, capsys) -> None:
 def test_the_verdict_names_what_did_not_run_beside_what_stock_fails(monkeypatch, capsys) -> None:
     """A scenario stock fails and the gRPC one not run: the verdict counts only the scenarios
     that ran, names the failing one and the one not run."""
-    report_on(monkeypatch, check.ScenarioOutcomes("cancel() hangs", {**PASSES, "stock": "HANG"}, "CANCELED"), GRPC_NOT_RUN)
+    hangs = check.ScenarioOutcomes("cancel() hangs", {**PASSES, "stock": "HANG"}, "CANCELED")
+    report_on(monkeypatch, hangs, GRPC_NOT_RUN)
     assert cli.main(["check"]) == 0
     verdict, *under = verdict_lines(capsys.readouterr().out)
     assert verdict.endswith(

@@ -98,9 +98,12 @@ def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
     code = (
         "import importlib, sys\n"
         f"for name in {RUNTIME!r}: importlib.import_module(name)\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('a2a_cancelfix.tools', 'a2a_cancelfix.testing'))))"
+        "apart = ('a2a_cancelfix.tools', 'a2a_cancelfix.testing')\n"
+        "print(sorted(module for module in sys.modules if module.startswith(apart)))"
     )
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert "a2a_cancelfix.handler" in RUNTIME and "a2a_cancelfix._sdk" in RUNTIME
     assert loaded.stdout.strip() == "[]"
 
@@ -108,6 +111,10 @@ def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
 def test_python_dash_m_runs_the_command() -> None:
     """``python -m a2a_cancelfix`` is the ``a2a-cancelfix`` command."""
     shown = subprocess.run(
-        [sys.executable, "-m", "a2a_cancelfix", "--help"], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-m", "a2a_cancelfix", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert shown.stdout.startswith("usage: a2a-cancelfix")

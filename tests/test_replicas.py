@@ -267,7 +267,8 @@ async def test_a_parked_task_looked_at_before_the_store_has_it_parked_is_still_w
         await look(task_id)
         looked.set()
 
-    store.save, a.handler._remote._end_parked_if_cancelled = held_save, noted_look  # type: ignore[method-assign]
+    store.save = held_save  # type: ignore[method-assign]
+    a.handler._remote._end_parked_if_cancelled = noted_look  # type: ignore[method-assign]
     sent = Stream(a.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     try:
         await within(held.reached.wait())
