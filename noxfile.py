@@ -28,9 +28,11 @@ def lint(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("sdk", ["1.0.0", "newest"])
 def typecheck(session: nox.Session, sdk: str) -> None:
-    """mypy (pyproject.toml's [tool.mypy]: strict for the runtime, plain for the testing kit and
-    the tools, and the public API's typing test) against the oldest and the newest a2a-sdk,
-    whose annotations differ: _sdk.py probes for what each release has."""
+    """mypy against one a2a-sdk release: strict for the runtime, plain for the kit and tools.
+
+    The oldest and the newest release, whose annotations differ (_sdk.py probes for what each
+    has); pyproject.toml's [tool.mypy] says what is checked, tests/typecheck/ included.
+    """
     session.install("-e", ".[test]", _sdk_requirement(sdk), *TYPE_CHECKERS)
     # A cache per release: one shared between them would be rebuilt at every switch.
     session.run("mypy", "--cache-dir", f"{session.virtualenv.location}/mypy_cache", *session.posargs)
