@@ -3,20 +3,51 @@
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["tests"]
+# Lint and types first: they fail in seconds where the matrix takes minutes.
+nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.error_on_missing_interpreters = True
 
 # Every minor line's first and last release we support, and whatever 1.x is newest today.
 SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.2", "1.2.3", "newest"]
 
 
+# Pinned, so that a new release of a checker fails nobody's build until it is adopted here.
+LINTERS = ["ruff==0.17.6"]
+TYPE_CHECKERS = ["mypy==2.4.1", "types-protobuf==7.35.1.20261122"]
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff's rules (pyproject.toml's [tool.ruff.lint]) and its formatting, checked, not applied."""
+    session.install(*LINTERS)
+    paths = ["a2a_cancelfix", "tests", "benchmarks", "examples", "noxfile.py"]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
+
+
+@nox.session
+@nox.parametrize("sdk", ["1.0.0", "newest"])
+def typecheck(session: nox.Session, sdk: str) -> None:
+    """mypy against one a2a-sdk release: strict for the runtime, plain for the kit and tools.
+
+    The oldest and the newest release, whose annotations differ (_sdk.py probes for what each
+    has); pyproject.toml's [tool.mypy] says what is checked, tests/typecheck/ included.
+    """
+    session.install("-e", ".[test]", _sdk_requirement(sdk), *TYPE_CHECKERS)
+    # A cache per release: one shared between them would be rebuilt at every switch.
+    session.run("mypy", "--cache-dir", f"{session.virtualenv.location}/mypy_cache", *session.posargs)
+
+
+def _sdk_requirement(sdk: str) -> str:
+    extras = "[http-server,grpc,sqlite,postgresql,telemetry]"
+    return f"a2a-sdk{extras}>=1,<2" if sdk == "newest" else f"a2a-sdk{extras}=={sdk}"
+
+
 @nox.session
 @nox.parametrize("sdk", SDK_RELEASES)
 def tests(session: nox.Session, sdk: str) -> None:
     """Run the suite against one a2a-sdk release."""
-    extras = "[http-server,grpc,sqlite,postgresql,telemetry]"
-    requirement = f"a2a-sdk{extras}>=1,<2" if sdk == "newest" else f"a2a-sdk{extras}=={sdk}"
-    session.install("-e", ".[test]", requirement)
+    session.install("-e", ".[test]", _sdk_requirement(sdk))
     # Two workers: much of the suite waits (server processes starting, databases, timers).
     session.run("pytest", "--numprocesses=2", *session.posargs)
 
