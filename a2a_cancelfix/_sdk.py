@@ -282,7 +282,7 @@ def streams_remote_tasks(handler: DefaultRequestHandlerV2) -> bool:
     return getattr(handler, "_event_stream", None) is not None  # 1.2.0+: its TaskEventStream
 
 
-async def run_of(handler: DefaultRequestHandlerV2, task_id: str) -> ActiveTask | None:
+async def run_of(handler: DefaultRequestHandlerV2, task_id: str) -> LiveRun | None:
     """The run of ``task_id`` the handler's registry still holds, finished or not."""
     return await handler._active_task_registry.get(task_id) if SUPPORTED else None  # 1.0.0-1.3.0
 

@@ -577,7 +577,7 @@ class Lifecycle:
         In upstream's cluster mode on a2a-sdk 1.2.0-1.2.2 such a run never closes by itself:
         its teardown waits for good for a stream to take the SDK's request marker.
         """
-        active = await _sdk.run_of(self.handler, task_id)
+        active = await _sdk.run_of(self._handler, task_id)
         if active is not None:
             _tear_down(active, task_id)
 

@@ -73,7 +73,7 @@ def _find_state(body: Any) -> str | None:
     """The task state named anywhere in a push payload."""
     if isinstance(body, dict):
         for key, value in body.items():
-            if key == "state" and value in TaskState.keys():
+            if key == "state" and value in TaskState.DESCRIPTOR.values_by_name:
                 return state_name(TaskState.Value(value))
             found = _find_state(value)
             if found:

@@ -629,7 +629,7 @@ def _compare(row: Row) -> None:
             row.failures.append(f"the {name} ended on {seen}, not {' or '.join(allowed)}")
 
 
-class _Watched(wrapt.ObjectProxy):  # type: ignore[misc]
+class _Watched(wrapt.ObjectProxy):
     """The executor under test, as the handler sees it: its ``cancel()`` calls are noted."""
 
     def __init__(self, executor: Any) -> None:
