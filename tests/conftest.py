@@ -15,6 +15,14 @@ def pytest_report_header() -> str:
 pytest_plugins = ["pytester"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "edges_only: run by nox on the oldest and newest a2a-sdk release only; the code path it "
+        "adds does not differ between releases (noxfile.py says which and why)",
+    )
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     """Report a failure with the collector held off.

@@ -3,7 +3,7 @@
 Run as ``python tests/replica_server.py DATABASE_URL [SCHEMA]``; it prints ``READY <port>``
 once it serves on 127.0.0.1, and exits when its standard input closes, so it never outlives
 the test that started it. ``A2ACF_NOTICES`` (``postgres`` or a Redis URL) gives its store
-notices, ``A2ACF_POLL`` its poll interval, and ``A2ACF_CLUSTER`` puts it in a2a-sdk 1.3's
+notices, ``A2ACF_POLL`` its poll interval, and ``A2ACF_CLUSTER`` puts it in upstream's
 cluster mode (a versioned store, an event stream tailing its journal).
 """
 
@@ -81,7 +81,7 @@ def build(url: str, schema: str | None) -> Starlette:
 
         notices = redis.Redis.from_url(notices)
     event_stream = None
-    if os.environ.get("A2ACF_CLUSTER"):  # a2a-sdk 1.3's cluster mode
+    if os.environ.get("A2ACF_CLUSTER"):  # upstream's cluster mode (a2a-sdk 1.2+)
         from a2a.server.cluster import DatabaseTaskEventStream, VersionedDatabaseTaskStore
 
         store = FinalStateTaskStore(VersionedDatabaseTaskStore(engine), notices=notices)

@@ -28,6 +28,10 @@ from a2a_cancelfix.testing import PushReceiver, Stream
 
 from .test_store import open_database
 
+# Server processes take seconds to start; what they add to the in-process twins (test_replicas,
+# test_notices, test_cluster: on every release) does not differ between releases (noxfile.py).
+pytestmark = pytest.mark.edges_only
+
 SERVER = Path(__file__).parent / "replica_server.py"
 HEADERS = {"A2A-Version": "1.0"}
 BOUND = 20.0  # Poll interval (0.2 s) plus a step (0.02 s), with room for a loaded machine.

@@ -620,6 +620,7 @@ def check_round(where: str, final: Task | None, ops: dict[str, list[dict[str, An
     return mark.split("-")[0]
 
 
+@pytest.mark.edges_only  # The guard's SQL is the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_race_between_processes_keeps_the_first_terminal_write(
     database: Database, tmp_path: Path
