@@ -15,7 +15,7 @@ from a2a.server.tasks import InMemoryTaskStore
 
 import a2a_cancelfix
 from a2a_cancelfix import _sdk, _wire
-from a2a_cancelfix.scenarios import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.scenarios import SCENARIOS, UNWATCHED_AFTER, Scenario, run_scenario
 from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Server, cancel, make_server, start, within
 from a2a_cancelfix.testing.servers import OverTheWire
 
@@ -150,5 +150,9 @@ def test_an_unknown_sdk_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=ids)
 def test_the_sdks_own_handler_holds_the_contract_under_patch(scenario: Scenario, patched: None) -> None:
-    """Every scenario, run on the SDK's own handler class over the wire, ends as ours does."""
+    """Every scenario, run on the SDK's own handler class over the wire, ends as ours does (one
+    that shows an option, patched with it)."""
+    if scenario.opt_in:
+        a2a_cancelfix.unpatch()
+        a2a_cancelfix.patch(cancel_grace_period=GRACE, **{scenario.opt_in: UNWATCHED_AFTER})
     assert run_scenario(scenario, "stock") == scenario.expected
