@@ -258,7 +258,9 @@ class Watchers:
             return
         if task.status.state in _sdk.PARKED_STATES and not self.parked_too:
             return
-        if configs:  # A webhook watches it; one deleted later lets the clock run out again.
+        # A webhook watches it; one deleted later lets the clock run out again. A config with no
+        # URL reaches nobody (a2a-sdk 1.0.0 stores an empty one for a message that set none).
+        if any(config.url for config in configs):
             self._start_clock(task_id)
             return
         self._forget(task_id)
