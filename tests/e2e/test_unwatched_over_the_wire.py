@@ -23,7 +23,7 @@ QUIET = 3 * AFTER
 async def leave_mid_run(wire: Wire, **options: float) -> tuple[ScriptedExecutor, str, float, object]:
     """Serve with ``options``, stream a message, then close the client's connection mid-run.
 
-    Returns the executor, the task, when the server saw the connection go, and the agent.
+    Returns the executor, the task, when the client began to leave, and the agent.
     """
     executor = ScriptedExecutor()
     agent = await wire.serve(executor, **options)
@@ -32,10 +32,11 @@ async def leave_mid_run(wire: Wire, **options: float) -> tuple[ScriptedExecutor,
         stream, task_id = await wire.start(client, agent)
         streaming = agent.callers() - before
         assert streaming
+        left_at = asyncio.get_running_loop().time()  # No clock can start before.
         stream.task.cancel()  # The client stops reading and closes its connection.
         await within(asyncio.wait({stream.task}))
     await agent.callers_changed.until(lambda: not agent.callers() & streaming)
-    return executor, task_id, asyncio.get_running_loop().time(), agent
+    return executor, task_id, left_at, agent
 
 
 @pytest.mark.asyncio
