@@ -125,8 +125,9 @@ def unwatched_span(task_id: str, after: float) -> Any:
     """Start the span of a cancel of a task nobody watched for ``after`` seconds (None when off)."""
     if not ENABLED:
         return None
-    attributes = {f"{PREFIX}.task_id": task_id, f"{PREFIX}.unwatched_after_s": after}
-    return _tracer.start_span(f"{PREFIX}.unwatched_cancel", attributes=attributes)
+    span = _tracer.start_span(f"{PREFIX}.unwatched_cancel")
+    span.set_attributes({f"{PREFIX}.task_id": task_id, f"{PREFIX}.unwatched_after_s": after})
+    return span
 
 
 @contextlib.contextmanager
