@@ -9,9 +9,10 @@ or the SDK's switch ``OTEL_INSTRUMENTATION_A2A_SDK_ENABLED`` is not ``true``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from a2a.server.request_handlers import DefaultRequestHandlerV2
@@ -118,6 +119,25 @@ def remote_cancel_span(task_id: str, stored_at: float | None) -> Any:
     if latency is not None:
         _notice_latency.record(latency)
     return span
+
+
+def unwatched_span(task_id: str, after: float) -> Any:
+    """Start the span of a cancel of a task nobody watched for ``after`` seconds (None when off)."""
+    if not ENABLED:
+        return None
+    span = _tracer.start_span(f"{PREFIX}.unwatched_cancel")
+    span.set_attributes({f"{PREFIX}.task_id": task_id, f"{PREFIX}.unwatched_after_s": after})
+    return span
+
+
+@contextlib.contextmanager
+def current(span: Any) -> Iterator[None]:
+    """Make ``span`` the current one (where `cancel_answered` records) inside the block."""
+    if span is None:
+        yield
+        return
+    with trace.use_span(span, end_on_exit=False):
+        yield
 
 
 def end(span: Any) -> None:

@@ -15,6 +15,7 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
+    GetTaskRequest,
     InternalError,
     Message,
     SendMessageRequest,
@@ -48,6 +49,9 @@ _sdk_stream: Callable[[DefaultRequestHandlerV2, SendMessageRequest, ServerCallCo
 _sdk_subscribe: Callable[
     [DefaultRequestHandlerV2, SubscribeToTaskRequest, ServerCallContext], AsyncGenerator[Any, None]
 ] = _sdk.untraced(DefaultRequestHandlerV2.on_subscribe_to_task)
+_sdk_get: Callable[[DefaultRequestHandlerV2, GetTaskRequest, ServerCallContext], Awaitable[Task | None]] = (
+    _sdk.untraced(DefaultRequestHandlerV2.on_get_task)
+)
 
 
 class DefaultRequestHandler(DefaultRequestHandlerV2):
@@ -71,6 +75,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             turns both off. A run also reads it before it publishes a terminal state. While
             the store's ``notices`` are heard (see `FinalStateTaskStore`), nothing polls; on
             a bare ``InMemoryTaskStore`` that no other handler shares, nothing is ever read.
+        cancel_unwatched_after: off (None) by default. Seconds after which a task that runs
+            here and that nobody watches (no open stream, sender's or ``SubscribeToTask``, no
+            blocking sender, no push config, on no replica) is cancelled as a client's cancel
+            is; its CANCELED status message says why. A subscription, a follow-up message or
+            a GetTask by its owner starts the clock again.
+        cancel_unwatched_parked: also cancel a parked task (INPUT_REQUIRED, AUTH_REQUIRED)
+            nobody watches; by default such a task, which runs nothing, is left alone.
         probe: for ``a2a_cancelfix.testing``'s sweep, which sees each run's cancel points
             (see `a2a_cancelfix.checkpoints.Probe`); leave it unset.
 
@@ -89,10 +100,19 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         on_parked: Literal["cancel", "refuse"] = "cancel",
         on_canceled: Literal["raise", "return"] = "raise",
         replica_poll_interval: float | None = DEFAULT_POLL_INTERVAL,
+        cancel_unwatched_after: float | None = None,
+        cancel_unwatched_parked: bool = False,
         probe: Probe | None = None,
         **kwargs: Any,
     ) -> None:
-        settings = Settings(cancel_grace_period, replica_poll_interval, on_parked, on_canceled)
+        settings = Settings(
+            cancel_grace_period,
+            replica_poll_interval,
+            on_parked,
+            on_canceled,
+            cancel_unwatched_after=cancel_unwatched_after,
+            cancel_unwatched_parked=cancel_unwatched_parked,
+        )
         _sdk.warn_if_unsupported()
         if isinstance(agent_executor, CancellableExecutor):
             agent_executor = agent_executor.__wrapped__
@@ -100,7 +120,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         given = arguments.arguments.get("task_store")
         store = arguments.arguments["task_store"] = _guarded(given)
         solo = given if type(given) is InMemoryTaskStore else None  # Exactly the SDK's (see replicas).
-        self._lifecycle = Lifecycle(agent_executor, settings, handler=self, store=store, solo=solo, probe=probe)
+        push_configs = arguments.arguments.get("push_config_store")
+        self._lifecycle = Lifecycle(
+            agent_executor, settings, handler=self, store=store, solo=solo, push_configs=push_configs, probe=probe
+        )
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         if arguments.arguments.get("push_sender") is not None:
             arguments.arguments["push_sender"] = BackgroundPushSender(arguments.arguments["push_sender"])
@@ -133,6 +156,18 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """
         return await self._lifecycle.request(params.id, context)
 
+    @_telemetry.traced_as_sdk
+    async def on_get_task(
+        self, params: GetTaskRequest, context: ServerCallContext
+    ) -> Task | None:
+        """Get a task, as the SDK does; its owner's read stops its unwatched clock (see
+        ``cancel_unwatched_after``)."""
+        task = await _sdk_get(self, params, context)
+        watchers = self._lifecycle.watchers
+        if watchers is not None and task is not None:
+            watchers.touch(task.id)
+        return task
+
     async def aclose(self) -> None:
         """Stop hearing notices and the store's refusals; on a2a-sdk 1.3+, then shut down as the
         SDK does."""
@@ -149,34 +184,41 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_required_fields(params)
         if self._remote.must_listen:
             self._remote.listen()
-        if not params.message.task_id:
+        watchers = self._lifecycle.watchers
+        # A blocking sender watches its task until it has its answer.
+        observer = None if watchers is None else watchers.open(params.message.task_id, params.message.message_id)
+        try:
+            if not params.message.task_id:
+                try:
+                    result = await _sdk_send(self, params, context)
+                except A2AError:
+                    raise
+                except Exception as error:
+                    raise _failed("", error) from error
+                if isinstance(result, Task) and result.id in self._remote.refused_tasks:
+                    return await self._remote.as_stored(result, context)
+                return result
+            await self._refuse_if_ended(params, context)
+            lifecycle, message_id = self._lifecycle, params.message.message_id
+            lifecycle.follow_up_accepted(message_id)
             try:
                 result = await _sdk_send(self, params, context)
+            except _sdk.QueueShutDown as error:
+                raise _ended(params) from error
             except A2AError:
                 raise
             except Exception as error:
-                raise _failed("", error) from error
+                raise _failed(params.message.task_id, error) from error
+            finally:
+                unprocessed = lifecycle.follow_up_unprocessed(message_id)
+            if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
+                raise _ended_first(params, result.status.state)
             if isinstance(result, Task) and result.id in self._remote.refused_tasks:
                 return await self._remote.as_stored(result, context)
             return result
-        await self._refuse_if_ended(params, context)
-        lifecycle, message_id = self._lifecycle, params.message.message_id
-        lifecycle.follow_up_accepted(message_id)
-        try:
-            result = await _sdk_send(self, params, context)
-        except _sdk.QueueShutDown as error:
-            raise _ended(params) from error
-        except A2AError:
-            raise
-        except Exception as error:
-            raise _failed(params.message.task_id, error) from error
         finally:
-            unprocessed = lifecycle.follow_up_unprocessed(message_id)
-        if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
-            raise _ended_first(params, result.status.state)
-        if isinstance(result, Task) and result.id in self._remote.refused_tasks:
-            return await self._remote.as_stored(result, context)
-        return result
+            if watchers is not None and observer is not None:
+                watchers.close(observer)
 
     @_telemetry.traced_as_sdk
     async def on_message_send_stream(
@@ -189,8 +231,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             self._remote.listen()
         lifecycle, message_id = self._lifecycle, params.message.message_id
         follow_up = bool(params.message.task_id)
+        watchers = lifecycle.watchers
+        observer = None if watchers is None else watchers.open(params.message.task_id, message_id)
         if follow_up:
-            await self._refuse_if_ended(params, context)
+            try:
+                await self._refuse_if_ended(params, context)
+            except BaseException:
+                if watchers is not None and observer is not None:
+                    watchers.close(observer)
+                raise
             lifecycle.follow_up_accepted(message_id)
         events = _sdk_stream(self, params, context)
         drained = False
@@ -222,6 +271,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             raise _failed(params.message.task_id, error) from error
         finally:
+            if watchers is not None and observer is not None:
+                watchers.close(observer)
             if follow_up:
                 lifecycle.follow_up_unprocessed(message_id)
             if not drained:
@@ -251,6 +302,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             events = self._remote.follow(task, context)
         else:
             events = _sdk_subscribe(self, params, context)
+        watchers = self._lifecycle.watchers
+        observer = None if watchers is None else watchers.open(task.id)
         try:
             async for event in _until_terminal(events):
                 if _sdk.terminal_state(event) is not None and params.id in self._remote.refused_tasks:
@@ -260,6 +313,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise
         except Exception as error:
             raise _failed(params.id, error) from error
+        finally:
+            if watchers is not None and observer is not None:
+                watchers.close(observer)
 
     async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
         """Refuse a message to a task being canceled or already terminal, as the spec says.

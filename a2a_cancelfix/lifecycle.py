@@ -25,6 +25,9 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.types import (
     InternalError,
+    Message,
+    Part,
+    Role,
     Task,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -39,12 +42,14 @@ from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on,
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL, RemoteCancels
+from a2a_cancelfix.unwatched import Watchers
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
     from a2a.server.context import ServerCallContext
     from a2a.server.events.event_queue import EventQueue
     from a2a.server.request_handlers import DefaultRequestHandlerV2
+    from a2a.server.tasks import PushNotificationConfigStore
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -81,12 +86,20 @@ class Settings:
     replica_poll_interval: float | None = DEFAULT_POLL_INTERVAL
     on_parked: Literal["cancel", "refuse"] = "cancel"
     on_canceled: Literal["raise", "return"] = "raise"
+    cancel_unwatched_after: float | None = None
+    cancel_unwatched_parked: bool = False
 
     def __post_init__(self) -> None:
         set_checked = functools.partial(object.__setattr__, self)
         set_checked("cancel_grace_period", _seconds("cancel_grace_period", self.cancel_grace_period))
         if self.replica_poll_interval is not None:
             set_checked("replica_poll_interval", _seconds("replica_poll_interval", self.replica_poll_interval))
+        if self.cancel_unwatched_after is not None:
+            set_checked("cancel_unwatched_after", _seconds("cancel_unwatched_after", self.cancel_unwatched_after))
+        if not isinstance(self.cancel_unwatched_parked, bool):
+            raise TypeError(f"cancel_unwatched_parked must be True or False, not {self.cancel_unwatched_parked!r}")
+        if self.cancel_unwatched_parked and self.cancel_unwatched_after is None:
+            raise ValueError("cancel_unwatched_parked needs cancel_unwatched_after")
         if self.on_parked not in ("cancel", "refuse"):
             raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {self.on_parked!r}")
         if self.on_canceled not in ("raise", "return"):
@@ -278,6 +291,10 @@ class Cancellation:
         # task ends, even if cancel() raises here.
         self.recorded = False
         self.callers: list[asyncio.Future[Task]] = []
+        # Said in the log, telemetry and the CANCELED status of a cancel with an origin of its
+        # own (nobody watched the task): the path, and the status message's text.
+        self.path: str | None = None
+        self.message: str | None = None
         self.done = Once()  # Published, or given up on: execute() may return.
         self._call: asyncio.Future[None] | None = None
         self._returned = Once()
@@ -414,7 +431,7 @@ class Cancellation:
 
     async def _publish(self, queue: _CancelQueue) -> None:
         state = FAILED if self.failure is not None and not self.recorded else CANCELED
-        if await queue.publish(state):
+        if await queue.publish(state, self.message if state == CANCELED else None):
             _telemetry.step(self.span, "terminal_published", state=TaskState.Name(state))
         self.reach(Step.PUBLISHED)
 
@@ -436,7 +453,8 @@ class Lifecycle:
       resumed without it);
     - `noticed_parked`: a task parked here that another replica cancelled in the store;
     - `noticed_in_run`: a run here whose look found its task cancelled by another replica;
-    - `requested_by_sdk`: the stock handler calling the proxy's ``cancel()``.
+    - `requested_by_sdk`: the stock handler calling the proxy's ``cancel()``;
+    - `unwatched`: a task here that nobody watched for ``cancel_unwatched_after`` seconds.
 
     Args:
         executor: the wrapped executor, whose ``cancel()`` a cancel calls.
@@ -444,6 +462,7 @@ class Lifecycle:
         handler: our handler (the SDK's class), or None under the stock handler.
         store: the task store given to ``handler``.
         solo: the bare ``InMemoryTaskStore`` the user gave, if so (see `RemoteCancels`).
+        push_configs: the handler's push config store (a task with a config is watched).
         probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
 
@@ -455,6 +474,7 @@ class Lifecycle:
         handler: DefaultRequestHandlerV2 | None = None,
         store: Any = None,
         solo: Any = None,
+        push_configs: PushNotificationConfigStore | None = None,
         probe: Probe | None = None,
     ) -> None:
         self.executor = executor
@@ -474,6 +494,12 @@ class Lifecycle:
         self._follow_ups: set[str] = set()
         self.remote = (
             None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
+        )
+        after = settings.cancel_unwatched_after
+        self.watchers = (
+            None
+            if self.remote is None or after is None
+            else Watchers(self, after, settings.cancel_unwatched_parked, store, push_configs, self.remote)
         )
 
     @property
@@ -563,6 +589,21 @@ class Lifecycle:
         finally:  # Started only now: the checkpoint that looked raises before it stops the work.
             keep(carry_out())
 
+    async def unwatched(self, task: Task, active: Any, caller: ServerCallContext, after: float) -> None:
+        """Cancel ``task``, whose run here is ``active``, as a client's cancel would: nobody
+        watched it for ``after`` seconds (see unwatched.py)."""
+        if task.id in self.cancellations:
+            return
+        why = f"Canceled: nobody watched the task for {after:g} s (no stream, blocking sender or push config)"
+        span = _telemetry.unwatched_span(task.id, after)
+        cancellation = self.begin(task.id, why, span)
+        cancellation.path, cancellation.message = "unwatched", why
+        try:
+            with _telemetry.current(span):
+                await self._drive(cancellation, task, active, caller)
+        finally:
+            _telemetry.end(span)
+
     async def requested_by_sdk(self, context: RequestContext, queue: EventQueue) -> None:
         """Carry out the stock handler's cancel, on the queue it gives; raise what ``cancel()`` raised."""
         cancellation = self.begin(context.task_id or "")
@@ -601,6 +642,8 @@ class Lifecycle:
             self._follow_ups.discard(context.message.message_id)  # Taken: this run processes it.
         if self.parked:
             self.parked.pop(task_id, None)  # Running again: the run looks for itself.
+        if self.watchers is not None:
+            self.watchers.run_started(context)
         remote = self.remote
         if remote is not None and remote.watching:
             look = functools.partial(self._look, context, queue)
@@ -614,9 +657,13 @@ class Lifecycle:
         """A run of ``execute()`` has returned."""
         if self.works.get(work.run.task_id) is work:
             del self.works[work.run.task_id]
+            if self.watchers is not None:
+                self.watchers.run_ended(work.run.task_id)
 
     def parked_here(self, task_id: str, caller: ServerCallContext) -> None:
         """A run returned without ending its task: another replica may cancel it meanwhile."""
+        if self.watchers is not None:
+            self.watchers.parked(task_id)
         if self.remote is not None and self.remote.watching:
             self.parked[task_id] = caller
             self.remote.look_at_parked_soon()
@@ -731,6 +778,7 @@ class Lifecycle:
         if active is not None:
             path = "parked" if task.status.state in _sdk.PARKED_STATES else "live"
             path = "parked, canceled elsewhere" if cancellation.recorded else path
+            path = cancellation.path or path
             result = await self._cancel_live(cancellation, active, task, caller)
         elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
             path, result = "not live here", await self._write_canceled(task.id, caller)
@@ -942,12 +990,23 @@ class _CancelQueue(QueueProxy):
         if may_enqueue(self.__wrapped__, event, task_id, state is not None):
             await self.__wrapped__.enqueue_event(event)
 
-    async def publish(self, state: TaskState) -> bool:
-        """Publish the framework's terminal ``state``, unless the run already ended."""
+    async def publish(self, state: TaskState, why: str | None = None) -> bool:
+        """Publish the framework's terminal ``state``, unless the run already ended; ``why``
+        is its status message's text."""
         context = self._self_context
         if weakref.ref(self.__wrapped__) in _ended or context.current_task is None:
             return False  # Already ended, or no task stored yet that a status could update.
         status = TaskStatus(state=state)
+        if why is not None:
+            status.message.CopyFrom(
+                Message(
+                    role=Role.ROLE_AGENT,
+                    message_id=f"{context.task_id}-canceled",
+                    task_id=context.task_id or "",
+                    context_id=context.context_id or "",
+                    parts=[Part(text=why)],
+                )
+            )
         status.timestamp.FromNanoseconds(time.time_ns())  # GetCurrentTime() goes through datetime.
         event = TaskStatusUpdateEvent(
             task_id=context.task_id, context_id=context.context_id or "", status=status

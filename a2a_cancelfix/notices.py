@@ -52,6 +52,16 @@ class CancelNotices(abc.ABC):
         """Raise ``TypeError`` if these notices cannot be announced with ``store``'s writes."""
         return None  # By default any store will do.
 
+    async def tell(self, notice: str) -> None:
+        """Send ``notice`` to every replica, outside any cancel (what a replica watches)."""
+        try:
+            await asyncio.wait_for(self._send(notice), self.heartbeat)
+        except Exception:  # Lost, it costs a watched task no more than its next announcement.
+            logger.warning("could not send a notice on %s", type(self).__name__, exc_info=True)
+
+    async def _send(self, notice: str) -> None:  # noqa: B027 - optional: channels predating tell()
+        """Send ``notice`` on the channel, on its own (a channel without it tells nothing)."""
+
     @abc.abstractmethod
     def listen(self) -> _Notices:
         """Listen on one connection: yield each task id announced, and None each time the
@@ -101,6 +111,12 @@ class PostgresNotices(CancelNotices):
         import sqlalchemy as sa
 
         await session.execute(sa.select(sa.func.pg_notify(self.channel, task_id)))
+
+    async def _send(self, notice: str) -> None:
+        import sqlalchemy as sa
+
+        async with self.engine.begin() as connection:
+            await connection.execute(sa.select(sa.func.pg_notify(self.channel, notice)))
 
     @contextlib.asynccontextmanager
     async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
@@ -156,6 +172,9 @@ class RedisNotices(CancelNotices):
     async def announce(self, task_id: str) -> None:
         # In the background: a Redis that is slow or gone must not hold up the cancel's answer.
         keep(self._publish(task_id))
+
+    async def _send(self, notice: str) -> None:
+        await self.client.publish(self.channel, notice)
 
     async def _publish(self, task_id: str) -> None:
         try:

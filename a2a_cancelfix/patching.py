@@ -25,7 +25,14 @@ from a2a_cancelfix.lifecycle import Settings
 logger = logging.getLogger("a2a_cancelfix")
 
 # What our handler overrides, and so what patch() puts on the SDK's class.
-_METHODS = ("on_cancel_task", "on_message_send", "on_message_send_stream", "on_subscribe_to_task", "aclose")
+_METHODS = (
+    "on_cancel_task",
+    "on_message_send",
+    "on_message_send_stream",
+    "on_subscribe_to_task",
+    "on_get_task",
+    "aclose",
+)
 _ABSENT = object()  # An SDK class without the method (aclose before 1.3.0).
 
 # The SDK class's own attributes that patch() replaced, while it is patched.
@@ -41,7 +48,8 @@ def patch(**options: Any) -> None:
 
     Args:
         options: our handler's keyword options (``cancel_grace_period``, ``on_parked``,
-            ``on_canceled``, ``replica_poll_interval``), for every handler.
+            ``on_canceled``, ``replica_poll_interval``, ``cancel_unwatched_after``,
+            ``cancel_unwatched_parked``), for every handler.
 
     Raises:
         TypeError, ValueError: an option outside its documented values, or an unknown one.

@@ -26,12 +26,14 @@ from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep, wait_set
 from a2a_cancelfix.notices import keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
+from a2a_cancelfix.unwatched import WATCHED
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers import DefaultRequestHandlerV2
 
     from a2a_cancelfix.checkpoints import Run
+    from a2a_cancelfix.unwatched import Watchers
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -66,6 +68,8 @@ class Watched(Protocol):
     def parked(self) -> dict[str, ServerCallContext]: ...
     @property
     def cancellations(self) -> Mapping[str, object]: ...
+    @property
+    def watchers(self) -> Watchers | None: ...
 
     async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
@@ -86,6 +90,7 @@ class RemoteCancels:
             no notices.
         interval: seconds between two looks of a run, now: ``poll``, or ``math.inf`` while
             notices are heard.
+        hearing: whether the store's notices are heard now.
 
     Args:
         lifecycle: the handler's lifecycle, whose runs and parked tasks are watched.
@@ -105,7 +110,7 @@ class RemoteCancels:
         solo: InMemoryTaskStore | None = None,
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
-        self.watching = False
+        self.watching = self.hearing = False
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
         self.notices = None if self._guarded is None else self._guarded.notices
@@ -137,7 +142,14 @@ class RemoteCancels:
         self.watching = True
 
     def noticed(self, task_id: str) -> None:
-        """Another replica may have ended ``task_id``: its run or parked task here looks now."""
+        """Another replica may have ended ``task_id``: its run or parked task here looks now.
+
+        A notice of what another replica watches goes to the lifecycle's watchers instead.
+        """
+        if task_id.startswith(WATCHED):
+            if self.lifecycle.watchers is not None:
+                self.lifecycle.watchers.heard(task_id)
+            return
         for woken in self._followers.get(task_id, ()):
             woken.set()
         lifecycle = self.lifecycle
@@ -228,6 +240,7 @@ class RemoteCancels:
 
     def _heard(self) -> None:
         """Listening (again): stop polling, and look once at every task here, in case."""
+        self.hearing = True
         self._poll_every(math.inf)
         lifecycle = self.lifecycle
         for work in list(lifecycle.works.values()):
@@ -237,6 +250,7 @@ class RemoteCancels:
 
     def _unheard(self) -> None:
         """The notices are lost: poll as without them until they are back."""
+        self.hearing = False
         self._poll_every(self.poll)
         if self.lifecycle.parked:
             self.look_at_parked_soon()

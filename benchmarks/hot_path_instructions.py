@@ -24,10 +24,13 @@ from _common import QuickExecutor, header
 from a2a_cancelfix.testing import caller, make_server, message
 
 BASE, EXTRA = 50, 200
+UNWATCHED = "ours,unwatched"
 
 
 async def send(kind: str, streaming: bool, count: int) -> None:
-    server = make_server(kind, QuickExecutor(), push=False)
+    # "ours, unwatched": ours with cancel_unwatched_after, which counts each stream and sender.
+    options = {"cancel_unwatched_after": 30.0} if kind == UNWATCHED else {}
+    server = make_server(kind.split(",")[0], QuickExecutor(), push=False, **options)
     handler, context = server.handler, caller()
     for _ in range(count):
         request = SendMessageRequest(message=message())
@@ -62,10 +65,16 @@ def main(quick: bool) -> None:
     header(f"hot path: instructions per message, {BASE + EXTRA} minus {BASE} messages under callgrind")
     for streaming in (False, True):
         stock, ours = per_message("stock", streaming), per_message("ours", streaming)
+        unwatched = per_message(UNWATCHED, streaming)
         name = "streaming" if streaming else "blocking"
         print(
             f"{name + ' SendMessage':24} stock {stock:10,.0f}  ours {ours:10,.0f}  "
             f"ours/stock {ours / stock:.4f} ({(ours / stock - 1) * 100:+.2f}%)"
+        )
+        print(
+            f"{'  cancel_unwatched_after':24} {'':16} ours {unwatched:10,.0f}  "
+            f"ours/stock {unwatched / stock:.4f} ({(unwatched / stock - 1) * 100:+.2f}%), "
+            f"over ours without it {(unwatched / ours - 1) * 100:+.2f}%"
         )
 
 

@@ -85,6 +85,7 @@ STOCK: dict[str, tuple[str | None, ...]] = {
         "CANCELED and CANCELED, task CANCELED",
         "CANCELED and CANCELED, task CANCELED",
     ),
+    "client leaves, nobody comes back": _same("task WORKING, cancel() not called"),
 }
 
 # Where the SDK's handler around a CancellableExecutor still differs from our handler;
@@ -96,6 +97,7 @@ WRAPPED: dict[str, tuple[str | None, ...]] = {
     "completed, execute() still returning": _until_1_2("COMPLETED / COMPLETED", None),
     "client leaves mid-cancel, gRPC": _same("task ends WORKING"),
     "second cancel while the first saves CANCELED": _until_1_1_4("HANG", None),
+    "client leaves, nobody comes back": _same("task WORKING, cancel() not called"),  # An option of ours.
 }
 
 # What the same calls made straight on the stock handler show, where that is not what its clients

@@ -406,8 +406,8 @@ async def test_a_loop_running_late_does_not_force_a_run_the_sdk_is_recording(
         # The save goes on after the overdue timers have run, as it would behind a busy loop.
         loop.call_later(0.01, saving.open)
 
-    async def publish_then_hold(self, state):
-        published = await publish(self, state)
+    async def publish_then_hold(self, state, *why):
+        published = await publish(self, state, *why)
         loop.call_soon(hold_the_loop)
         return published
 

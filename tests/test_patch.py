@@ -17,7 +17,7 @@ import a2a_cancelfix
 from a2a_cancelfix import _sdk
 from a2a_cancelfix.testing import ScriptedExecutor, Server, _wire, cancel, make_server, start, within
 from a2a_cancelfix.testing.servers import GRACE, OverTheWire
-from a2a_cancelfix.tools.scenarios import SCENARIOS, Scenario, run_scenario
+from a2a_cancelfix.tools.scenarios import SCENARIOS, UNWATCHED_AFTER, Scenario, run_scenario
 
 ids = [scenario.name for scenario in SCENARIOS]
 
@@ -150,5 +150,9 @@ def test_an_unknown_sdk_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=ids)
 def test_the_sdks_own_handler_holds_the_contract_under_patch(scenario: Scenario, patched: None) -> None:
-    """Every scenario, run on the SDK's own handler class over the wire, ends as ours does."""
+    """Every scenario, run on the SDK's own handler class over the wire, ends as ours does (one
+    that shows an option, patched with it)."""
+    if scenario.opt_in:
+        a2a_cancelfix.unpatch()
+        a2a_cancelfix.patch(cancel_grace_period=GRACE, **{scenario.opt_in: UNWATCHED_AFTER})
     assert run_scenario(scenario, "stock") == scenario.expected

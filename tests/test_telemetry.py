@@ -418,3 +418,16 @@ def test_off_when_the_sdk_is_off(how: str, switch: str, shows: list[str] | None)
         assert answer == "CANCELED" and int(spans) > 0 and int(meters) > 0
     else:
         assert [answer, spans, meters] == shows
+
+
+@pytest.mark.asyncio
+async def test_a_task_nobody_watches_is_cancelled_in_a_span_of_its_own(recorder: Recorder) -> None:
+    """``cancel_unwatched_after``: no request asked for the cancel, so it has a span of its own,
+    with path ``unwatched``, the lifecycle's steps, and the cancel metrics by that path."""
+    outcome, spans, counts = await recorded(recorder, "ours", "jsonrpc", scenarios.nobody_comes_back)
+    assert outcome == "task CANCELED, cancel() called"
+    span = the(spans, "a2a_cancelfix.unwatched_cancel")
+    assert ours(span)["cancel.path"] == "unwatched" and ours(span)["cancel.outcome"] == "CANCELED"
+    assert ours(span)["unwatched_after_s"] == scenarios.UNWATCHED_AFTER
+    assert steps(span) == LOCAL_STEPS
+    assert counts["a2a_cancelfix.cancels"] == {frozenset({("path", "unwatched"), ("outcome", "CANCELED")}): 1}

@@ -27,13 +27,14 @@ class Wire:
         self._streams: list[Stream] = []
 
     async def serve(
-        self, executor: ScriptedExecutor | None = None, *, stock: bool = False
+        self, executor: ScriptedExecutor | None = None, *, stock: bool = False, **options: Any
     ) -> Agent:
-        """An agent server for ``executor``, behind our handler or (``stock``) the SDK's."""
+        """An agent server for ``executor``, behind our handler (with ``options``) or
+        (``stock``) the SDK's."""
         executor = executor or ScriptedExecutor()
         self._executors.append(executor)
         return await self._resources.enter_async_context(
-            serve_agent(self.transport, executor, stock=stock)
+            serve_agent(self.transport, executor, stock=stock, **options)
         )
 
     async def connect(self, agent: Agent, user: str | None = None) -> Client:

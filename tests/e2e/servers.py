@@ -68,9 +68,10 @@ def push_sender(client: httpx.AsyncClient, configs: InMemoryPushNotificationConf
 
 @contextlib.asynccontextmanager
 async def serve_agent(
-    transport: str, executor: ScriptedExecutor, *, stock: bool = False
+    transport: str, executor: ScriptedExecutor, *, stock: bool = False, **options: Any
 ) -> AsyncIterator[Agent]:
-    """Serve ``executor`` over ``transport`` behind our handler (or the SDK's, ``stock``)."""
+    """Serve ``executor`` over ``transport`` behind our handler (or the SDK's, ``stock``), with
+    our handler's ``options``."""
     # The port is bound first: the card names it, and the handler takes the card.
     if transport == "grpc":
         grpc_server = grpc.aio.server()
@@ -91,7 +92,7 @@ async def serve_agent(
         handler = (
             DefaultRequestHandlerV2(**arguments)
             if stock
-            else DefaultRequestHandler(**arguments, cancel_grace_period=GRACE)
+            else DefaultRequestHandler(**arguments, **{"cancel_grace_period": GRACE, **options})
         )
         serving = (
             serve_grpc(grpc_server, handler)

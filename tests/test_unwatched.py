@@ -1,0 +1,288 @@
+"""``cancel_unwatched_after``: a task nobody watches any more is cancelled, through the same
+lifecycle as a client's cancel; one somebody still watches, anywhere, is not.
+
+An agent calls a fake model in a loop until it is cancelled; every call is counted, so work
+that went on after the cancel shows as calls. "Not cancelled" is checked for three intervals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from a2a.helpers import new_task
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import GetTaskRequest, SendMessageConfiguration, SendMessageRequest, TaskState
+
+from a2a_cancelfix import FinalStateTaskStore, _sdk, cancellable, on_cancel
+from a2a_cancelfix.lifecycle import Settings
+from a2a_cancelfix.testing import Gate, Stream, caller, make_server, message, stored, within
+from a2a_cancelfix.testing.servers import Server
+from a2a_cancelfix.testing.waits import eventually
+
+from .support import logged, set_within
+from .test_notices import Replicas, replicas  # noqa: F401 - the fixture
+
+AFTER = 0.2
+# Long enough that a clock that should not run out surely would have: three intervals.
+QUIET = 3 * AFTER
+
+
+class ModelAgent(AgentExecutor):
+    """Calls a fake model (a ``@cancellable`` step of 10 ms) until cancelled or told to finish."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.calls_at_cancel: int | None = None
+        self.busy = asyncio.Event()  # Three calls made.
+        self.finish = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.cancel_called = asyncio.Event()
+        self.task_id = ""
+        self.step = Gate()  # As a ScriptedExecutor's: the replicas fixture opens it as it ends.
+
+    @cancellable
+    async def model(self) -> None:
+        self.calls += 1
+        if self.calls >= 3:
+            self.busy.set()
+        await asyncio.sleep(0.01)  # The model's latency (work, not synchronisation).
+
+    def cancelled(self) -> None:
+        self.calls_at_cancel = self.calls
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.task_id = context.task_id or ""
+        updater = TaskUpdater(event_queue, self.task_id, context.context_id or "")
+        unregister = on_cancel(self.cancelled)
+        try:
+            if context.current_task is None:
+                await event_queue.enqueue_event(
+                    new_task(self.task_id, context.context_id or "", TaskState.TASK_STATE_SUBMITTED)
+                )
+            await updater.start_work()
+            while not self.finish.is_set():
+                await self.model()
+            await updater.complete()
+        finally:
+            unregister()
+            self.stopped.set()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.cancel_called.set()
+
+
+def server(**options: Any) -> Server:
+    return make_server("ours", ModelAgent(), **options)  # type: ignore[arg-type]
+
+
+def agent(server: Server) -> ModelAgent:
+    return server.executor  # type: ignore[return-value]
+
+
+async def streamed(server: Server) -> Stream:
+    """Send a streaming message; return its stream once the model is being called."""
+    stream = Stream(server.handler.on_message_send_stream(SendMessageRequest(message=message()), caller()))
+    await within(agent(server).busy.wait())
+    return stream
+
+
+async def leave(stream: Stream) -> float:
+    """The client goes away: its stream is cut. The loop's time as it began to leave (no clock
+    can start before)."""
+    left_at = asyncio.get_running_loop().time()
+    stream.task.cancel()
+    await asyncio.wait({stream.task}, timeout=2.0)
+    return left_at
+
+
+async def assert_canceled_unwatched(server: Server, left_at: float, after: float = AFTER) -> None:
+    """CANCELED, no sooner than the interval after the client left, the work stopped at once."""
+    executor = agent(server)
+    await within(executor.cancel_called.wait(), 2 * after + 2.0)
+    assert asyncio.get_running_loop().time() - left_at >= after
+    await within(executor.stopped.wait())
+    assert executor.calls == executor.calls_at_cancel  # Not one model call after the cancel.
+
+    async def recorded() -> bool:
+        return await stored(server, executor.task_id) == "CANCELED"
+
+    await eventually(recorded)
+    task = await server.handler.on_get_task(GetTaskRequest(id=executor.task_id), caller())
+    assert task is not None and task.status.state == TaskState.TASK_STATE_CANCELED
+    assert "nobody watched the task" in task.status.message.parts[0].text
+
+
+async def assert_still_working(server: Server, quiet: float = QUIET) -> None:
+    executor = agent(server)
+    assert not await set_within(executor.cancel_called, quiet)
+    assert await stored(server, executor.task_id) == "WORKING"
+
+
+@pytest.mark.asyncio
+async def test_a_task_nobody_comes_back_to_is_cancelled(caplog: pytest.LogCaptureFixture) -> None:
+    """The stream closes, nobody comes back: CANCELED after the interval, through the
+    lifecycle (callbacks, cancel(), the work stopped), logged as path=unwatched."""
+    a = server(cancel_unwatched_after=AFTER)
+    stream = await streamed(a)
+    with caplog.at_level(logging.INFO, "a2a_cancelfix"), logged("path=unwatched") as said:
+        left_at = await leave(stream)
+        await assert_canceled_unwatched(a, left_at)
+        await within(said.wait())
+    assert "outcome=CANCELED" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_option_off_leaves_the_task_running() -> None:
+    """By default (as stock), a task whose client left runs on to its end."""
+    a = server()
+    left_at = await leave(await streamed(a))
+    assert left_at
+    await assert_still_working(a)
+    agent(a).finish.set()
+    await within(agent(a).stopped.wait())
+    assert await stored(a, agent(a).task_id) == "COMPLETED"
+
+
+@pytest.mark.asyncio
+async def test_a_subscriber_in_time_stops_the_clock() -> None:
+    """A SubscribeToTask before the interval runs out: not cancelled while it stays; once it
+    leaves too, the clock starts again from then."""
+    a = server(cancel_unwatched_after=AFTER)
+    await leave(await streamed(a))
+    subscriber = Stream(a.calls.subscribe(agent(a).task_id, "alice"))
+    await assert_still_working(a)
+    left_at = await leave(subscriber)
+    await assert_canceled_unwatched(a, left_at)
+
+
+@pytest.mark.asyncio
+async def test_get_task_starts_the_clock_again() -> None:
+    """A client that polls GetTask watches the task: each read starts the clock again."""
+    a = server(cancel_unwatched_after=AFTER)
+    await leave(await streamed(a))
+    executor = agent(a)
+    for _ in range(int(QUIET / (AFTER / 2))):
+        assert not await set_within(executor.cancel_called, AFTER / 2)
+        left_at = asyncio.get_running_loop().time()  # The clock starts again during this read.
+        assert await stored(a, executor.task_id) == "WORKING"
+    await assert_canceled_unwatched(a, left_at)
+
+
+@pytest.mark.asyncio
+async def test_a_push_config_watches_the_task() -> None:
+    """A task with a push config is watched by its webhook: not cancelled."""
+    a = server(cancel_unwatched_after=AFTER)
+    configuration = SendMessageConfiguration()
+    configuration.task_push_notification_config.url = "http://push.invalid/a"
+    configuration.task_push_notification_config.id = "a"
+    request = SendMessageRequest(message=message(), configuration=configuration)
+    stream = Stream(a.handler.on_message_send_stream(request, caller()))
+    await within(agent(a).busy.wait())
+    await leave(stream)
+    await assert_still_working(a)
+
+
+@pytest.mark.asyncio
+async def test_a_non_blocking_sender_leaves_at_once() -> None:
+    """A non-blocking SendMessage is answered at once: nobody watches from then on."""
+    a = server(cancel_unwatched_after=AFTER)
+    request = SendMessageRequest(message=message())
+    request.configuration.return_immediately = True
+    left_at = asyncio.get_running_loop().time()
+    await within(a.handler.on_message_send(request, caller()))
+    await within(agent(a).busy.wait())
+    await assert_canceled_unwatched(a, left_at)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("parked_too", [False, True])
+async def test_a_parked_task_is_left_alone_unless_asked(parked_too: bool) -> None:
+    """A parked task runs nothing: kept by default; ``cancel_unwatched_parked`` cancels it."""
+    from a2a_cancelfix.testing import ScriptedExecutor, start
+
+    a = make_server("ours", ScriptedExecutor(park=True), cancel_unwatched_after=AFTER,
+                    cancel_unwatched_parked=parked_too)
+    stream = await start(a)
+    assert await within(stream.ended())  # The sender's stream ends as the task parks.
+    called = await set_within(a.executor.cancel_called, QUIET)
+    assert called is parked_too
+    expected = "CANCELED" if parked_too else "INPUT_REQUIRED"
+
+    async def shown() -> bool:
+        return await stored(a, a.executor.task_id or "") == expected
+
+    await eventually(shown)
+
+
+@pytest.mark.asyncio
+async def test_the_observer_on_another_replica_in_process() -> None:
+    """Two handlers share an InMemoryTaskStore: a subscriber on B keeps A's task; once it
+    leaves, A cancels it."""
+    store = InMemoryTaskStore()
+    a = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(store))
+    b = make_server("ours", ModelAgent(), store=FinalStateTaskStore(store),  # type: ignore[arg-type]
+                    cancel_unwatched_after=AFTER)
+    await leave(await streamed(a))
+    subscriber = Stream(b.calls.subscribe(agent(a).task_id, "alice"))
+    await within(subscriber.until(lambda: bool(subscriber.events)))
+    await assert_still_working(a)
+    left_at = await leave(subscriber)
+    await assert_canceled_unwatched(a, left_at)
+
+
+@pytest.mark.asyncio
+async def test_the_observer_on_another_replica_with_notices(replicas: Replicas) -> None:  # noqa: F811
+    """Replicas over a database with notices: B's subscriber (served from the store) is
+    announced to A, which does not cancel; once it leaves, A does."""
+    # A longer interval: each announcement is a database transaction or a Redis round trip,
+    # on a machine that may be busy.
+    after = 1.0
+    a, b = replicas.pair(ModelAgent(), cancel_unwatched_after=after)  # type: ignore[arg-type]
+    await leave(await streamed(a))
+    await within(replicas.listening[0].heard())
+    b.handler._remote.listen()  # B hears (and B announces) from its first request on.
+    subscriber = Stream(b.calls.subscribe(agent(a).task_id, "alice"))
+    await within(subscriber.until(lambda: bool(subscriber.events)))
+    await assert_still_working(a, 3 * after)
+    left_at = await leave(subscriber)
+    await assert_canceled_unwatched(a, left_at, after)
+
+
+@pytest.mark.asyncio
+async def test_without_notices_a_shared_store_cancels_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A store shared without notices cannot tell what other replicas watch: nothing is
+    cancelled as unwatched, and the handler says so once, when it is built."""
+    from a2a.server.tasks import DatabaseTaskStore
+
+    from .test_store import open_database
+
+    async with open_database("sqlite", tmp_path) as database:
+        with caplog.at_level(logging.WARNING, "a2a_cancelfix"):
+            a = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(DatabaseTaskStore(database.engine())))
+        assert "needs the store's notices" in caplog.text
+        await leave(await streamed(a))
+        await assert_still_working(a)
+        agent(a).finish.set()
+
+        async def completed() -> bool:
+            return await stored(a, agent(a).task_id) == "COMPLETED"
+
+        await eventually(completed)
+        await eventually(lambda: _sdk.run_count(a.handler) == 0)  # Closed before the database.
+        await within(a.handler.aclose())
+
+
+def test_the_options_are_checked() -> None:
+    """Seconds as every other option; the parked option only with the interval."""
+    with pytest.raises(ValueError):
+        Settings(cancel_unwatched_after=0)
+    with pytest.raises(TypeError):
+        Settings(cancel_unwatched_after="30")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Settings(cancel_unwatched_parked=True)
