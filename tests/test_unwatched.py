@@ -274,7 +274,10 @@ async def test_without_notices_a_shared_store_cancels_nothing(tmp_path: Path, ca
             return await stored(a, agent(a).task_id) == "COMPLETED"
 
         await eventually(completed)
-        await eventually(lambda: _sdk.run_count(a.handler) == 0)  # Closed before the database.
+        async def closed() -> bool:
+            return not await _sdk.has_run(a.handler, agent(a).task_id)
+
+        await eventually(closed)  # Closed before the database.
         await within(a.handler.aclose())
 
 
