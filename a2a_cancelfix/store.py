@@ -177,11 +177,15 @@ class FinalStateTaskStore(TaskStore):
 
     # Reads and deletes are the wrapped store's own coroutines, handed on: no frame of ours.
 
-    def get(self, task_id: str, context: ServerCallContext) -> Awaitable[Task | None]:  # type: ignore[override]
+    def get(  # type: ignore[override]
+        self, task_id: str, context: ServerCallContext
+    ) -> Awaitable[Task | None]:
         """Get the task from the wrapped store, scoped to the caller as it scopes it."""
         return self.wrapped.get(task_id, context)  # type: ignore[no-any-return]
 
-    def list(self, params: ListTasksRequest, context: ServerCallContext) -> Awaitable[ListTasksResponse]:  # type: ignore[override]
+    def list(  # type: ignore[override]
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> Awaitable[ListTasksResponse]:
         """List the caller's tasks from the wrapped store."""
         return self.wrapped.list(params, context)  # type: ignore[no-any-return]
 

@@ -108,7 +108,10 @@ def main(quick: bool) -> None:
     if shutil.which("valgrind") is None:
         print("cancel_instructions: valgrind is not installed (apt-get install valgrind)")
         return
-    header("cancel: instructions from request to answer under callgrind, medians; floor = stock whose cancel() publishes")
+    header(
+        "cancel: instructions from request to answer under callgrind, medians; "
+        "floor = stock whose cancel() publishes"
+    )
     # Quick: a single cancel and a burst of 100, ours publishing against the floor only.
     kinds = list(KINDS)[:2] if quick else list(KINDS)
     sizes = ("single", "100") if quick else ("single", *map(str, BURSTS))
@@ -136,7 +139,9 @@ def main(quick: bool) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="one cancel and 100 at once, ours publishing only")
+    parser.add_argument(
+        "--quick", action="store_true", help="one cancel and 100 at once, ours publishing only"
+    )
     parser.add_argument("--worker", nargs=3, metavar=("HANDLER", "MODE", "WHAT"), help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.worker:
