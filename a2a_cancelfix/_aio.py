@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import heapq
@@ -198,15 +199,34 @@ async def wait_set(event: asyncio.Event, deadline: float) -> bool:
     For an event that is set and cleared again (the SDK's, a shield's); a signal given once
     is a `Once`.
     """
-    if not event.is_set():
-        try:
-            if _timeout_at is None:
-                await asyncio.wait_for(event.wait(), max(deadline - asyncio.get_running_loop().time(), 0))
-            else:
-                async with _timeout_at(deadline):
-                    await event.wait()
-        except asyncio.TimeoutError:
-            pass
+    if event.is_set():
+        return True
+    if _timeout_at is None:  # pragma: no cover - Python 3.10: a task per wait, as wait_for does.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), max(deadline - asyncio.get_running_loop().time(), 0))
+        return event.is_set()
+    # asyncio.timeout_at's way (cancel this task at the deadline, then take that cancel back),
+    # on the loop's `Deadlines` rather than a loop timer and a Timeout of its own per wait.
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timers = deadlines()
+    entry = timers.at(deadline, expire)
+    try:
+        await event.wait()
+    except asyncio.CancelledError:
+        # Ours, and only ours: the wait is over. Anyone else's cancel goes on up.
+        if not expired or task.uncancel() > cancelling:
+            raise
+    finally:
+        timers.drop(entry)
     return event.is_set()
 
 

@@ -365,9 +365,13 @@ def _is_moot(event: object) -> bool:
     return isinstance(event, TaskStatusUpdateEvent) and event.status.state not in TERMINAL_STATES
 
 
+# The events that carry a task's status.
+STATUS_EVENTS = (Task, TaskStatusUpdateEvent)
+
+
 def terminal_state(event: object) -> int | None:
     """The terminal state an event records, if any."""
-    if isinstance(event, (Task, TaskStatusUpdateEvent)) and event.status.state in TERMINAL_STATES:
+    if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
         return event.status.state
     return None
 

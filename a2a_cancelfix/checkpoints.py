@@ -79,6 +79,22 @@ class Run:
         probe: the testing kit's `Probe`: the run then looks at every checkpoint.
     """
 
+    # Defaults until a run sets its own: every message starts a run; few are cancelled,
+    # shielded, watched or probed.
+    reason: str | None = None
+    requested_at: float | None = None
+    cancelled = False
+    # The work has begun to unwind because of the cancel: interrupting it now could cut
+    # its cleanup (a claim's release, say) in half.
+    unwinding = False
+    _shields = 0
+    _unshielded: asyncio.Event | None = None  # Made by the first shielded section.
+    _probe: Probe | None = None
+    _watch: Callable[[], Awaitable[None]] | None = None
+    watched = False  # Unless watched, nothing is ever recorded elsewhere to look for.
+    # When a look is next due (time.monotonic()); never without a watch, nor once cancelled.
+    next_look = math.inf
+
     def __init__(
         self,
         task_id: str,
@@ -87,23 +103,14 @@ class Run:
         probe: Probe | None = None,
     ) -> None:
         self.task_id = task_id
-        self.reason: str | None = None
-        self.requested_at: float | None = None
-        self.cancelled = False
-        # The work has begun to unwind because of the cancel: interrupting it now could cut
-        # its cleanup (a claim's release, say) in half.
-        self.unwinding = False
         self._callbacks: list[Callable[[], Any]] = []
-        self._shields = 0
-        self._unshielded: asyncio.Event | None = None  # Made by the first shielded section.
-        self._probe = probe
         if probe is not None:
+            self._probe = probe
             watch, interval = _probed(self, probe, watch), 0.0
-        self._watch = watch
-        self.watched = watch is not None  # Else nothing is ever recorded elsewhere to look for.
         self._interval = interval
-        # When a look is next due (time.monotonic()); never without a watch, nor once cancelled.
-        self.next_look = math.inf if watch is None else time.monotonic() + interval
+        if watch is not None:
+            self._watch, self.watched = watch, True
+            self.next_look = time.monotonic() + interval
 
     @property
     def shielded(self) -> bool:

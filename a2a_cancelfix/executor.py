@@ -19,7 +19,7 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 
 from a2a_cancelfix._aio import deadline_in
-from a2a_cancelfix._sdk import terminal_state
+from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
@@ -165,7 +165,8 @@ class _RunQueue(QueueProxy):
 
     async def enqueue_event(self, event: Any) -> None:
         run = self._self_run
-        terminal = terminal_state(event) is not None
+        # terminal_state(), inline: every event of every run comes through here.
+        terminal = isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES
         if run.watched and not run.cancelled and (terminal or time.monotonic() >= run.next_look):
             # Before ending the task above all: another replica may have cancelled it.
             await run.look()

@@ -28,6 +28,7 @@ from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import keep
+from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, Lifecycle, Settings
@@ -245,15 +246,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         drained = False
         try:
             async for event in events:
-                state = _sdk.terminal_state(event)
-                if state is not None:
-                    if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
-                        raise _ended_first(params, state)
-                    if self._remote.refused_tasks and _task_id_of(event) in self._remote.refused_tasks:
-                        event = await self._remote.as_stored(event, context)
-                yield event
-                if state is None:
+                # _sdk.terminal_state(), inline: every event of every stream comes through here.
+                if not isinstance(event, STATUS_EVENTS) or event.status.state not in TERMINAL_STATES:
+                    yield event
                     continue
+                state = event.status.state
+                if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
+                    raise _ended_first(params, state)
+                if self._remote.refused_tasks and _task_id_of(event) in self._remote.refused_tasks:
+                    event = await self._remote.as_stored(event, context)
+                yield event
                 # The spec ends the stream here. The SDK's own stream ends as the run closes:
                 # it is read to there (closing it instead would leave its inner stream to the
                 # garbage collector's finalizer, a cost on every message), at once if the run

@@ -134,15 +134,17 @@ class Work:
     SDK's teardown of the run cannot reach (the stock handler cancels the run itself).
     """
 
+    # Defaults, until a run sets its own: every message builds a Work, few cancel it.
+    runner: asyncio.Task[Any] | None = None
+    settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
+    interrupted = False
+    abandoned = False
+    # The await the work was suspended at when the cancel came (None: it was running).
+    found_at: object | None = None
+
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.runner: asyncio.Task[Any] | None = None
         self.ended = Once()
-        self.settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
-        self.interrupted = False
-        self.abandoned = False
-        # The await the work was suspended at when the cancel came (None: it was running).
-        self.found_at: object | None = None
 
     def signalled(self) -> None:
         """The cancel has come: note where the work waits, to tell later whether it moved."""

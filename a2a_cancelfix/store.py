@@ -88,6 +88,8 @@ __all__ = ["FinalStateTaskStore"]
 
 # Writes ``task`` unless the stored copy is terminal; returns None, or the stored state.
 _Write = Callable[[Task, ServerCallContext], Awaitable[int | None]]
+# A whole guarded save: the write, then what a recorded cancel or a refusal calls for.
+_Save = Callable[[Task, ServerCallContext], Awaitable[None]]
 # Called in the transaction that records CANCELED, with its session and the task id.
 _Announce = Callable[[Any, str], Awaitable[None]]
 
@@ -123,27 +125,36 @@ class FinalStateTaskStore(TaskStore):
         # Set by our handler: told the id of each task whose save was refused because the
         # stored task had ended; a run on this replica learns so that another one ended it.
         self.on_final: list[Callable[[str], None]] = []
-        self._write = self._guard(store)
+        self._guarded = self._guard(store)
 
     def _guard(self, store: Any) -> Any:
-        """The guarded write for ``store``; TypeError for a store it cannot guard in one step."""
+        """The guarded save for ``store``; TypeError for a store it cannot guard in one step."""
         if isinstance(store, DatabaseTaskStore):
-            return _database_write(store, self._announce_in)
+            write = _database_write(store, self._announce_in)
+
+            async def save(task: Task, context: ServerCallContext) -> None:
+                await self._saved(task, await write(task, context))
+
+            return save
         if isinstance(store, InMemoryTaskStore):
-            return _memory_write(store)
+            return _memory_save(store, self)
         raise TypeError(
             "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore (or, on "
             f"a2a-sdk 1.3+, a VersionedDatabaseTaskStore), not {type(store).__name__}"
         )
 
-    async def save(self, task: Task, context: ServerCallContext) -> None:
+    def save(self, task: Task, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
-        stored = await self._write(task, context)
-        if stored is None:
-            if task.status.state == CANCELED and self.notices is not None:
-                await self.notices.announce(task.id)
-            return
-        self._refused(task, stored)
+        # Not a coroutine itself: the guarded save is one, the only frame of ours per save.
+        return self._guarded(task, context)  # type: ignore[no-any-return]
+
+    async def _saved(self, task: Task, stored: int | None) -> None:
+        """After a guarded write (``stored``: the terminal state that refused it, or None):
+        announce a recorded cancel, or report the refusal."""
+        if stored is not None:
+            self._refused(task, stored)
+        elif task.status.state == CANCELED and self.notices is not None:
+            await self.notices.announce(task.id)
 
     def _refused(self, task: Task, stored: int) -> None:
         """Tell our handler, and log, that a save over the ended task was refused."""
@@ -164,19 +175,23 @@ class FinalStateTaskStore(TaskStore):
         if self.notices is not None:
             await self.notices.announce_in(session, task_id)
 
-    async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
+    # Reads and deletes are the wrapped store's own coroutines, handed on: no frame of ours.
+
+    def get(  # type: ignore[override]
+        self, task_id: str, context: ServerCallContext
+    ) -> Awaitable[Task | None]:
         """Get the task from the wrapped store, scoped to the caller as it scopes it."""
-        task: Task | None = await self.wrapped.get(task_id, context)
-        return task
+        return self.wrapped.get(task_id, context)  # type: ignore[no-any-return]
 
-    async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+    def list(  # type: ignore[override]
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> Awaitable[ListTasksResponse]:
         """List the caller's tasks from the wrapped store."""
-        tasks: ListTasksResponse = await self.wrapped.list(params, context)
-        return tasks
+        return self.wrapped.list(params, context)  # type: ignore[no-any-return]
 
-    async def delete(self, task_id: str, context: ServerCallContext) -> None:
+    def delete(self, task_id: str, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
         """Delete the task from the wrapped store (a delete is not a save: it is not refused)."""
-        await self.wrapped.delete(task_id, context)
+        return self.wrapped.delete(task_id, context)  # type: ignore[no-any-return]
 
 
 def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
@@ -230,41 +245,44 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
     return write
 
 
-def _memory_write(store: InMemoryTaskStore) -> _Write:
-    """Return the guarded write for an InMemoryTaskStore: check and write under its lock."""
+def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
+    """Return the guarded save for an InMemoryTaskStore: check and write under its lock."""
     memory = _sdk.memory_tasks(store)
+    tasks, lock, owner_of, copying = memory.tasks, memory.lock, memory.owner_resolver, memory.copying
 
     def check_and_write(task: Task, owner: str) -> int | None:
-        stored = memory.tasks.get(owner, {}).get(task.id)
+        owned = tasks.get(owner)
+        if owned is None:
+            owned = tasks[owner] = {}
+        stored = owned.get(task.id)
         if stored is not None and stored.status.state in TERMINAL_STATES:
             return stored.status.state
-        memory.tasks.setdefault(owner, {})[task.id] = _copy(task) if memory.copying else task
+        if copying:  # As the SDK's CopyingTaskStoreAdapter stores it.
+            task, original = Task(), task
+            task.CopyFrom(original)
+        owned[task.id] = task
         return None
 
-    if isinstance(memory.lock, asyncio.Lock):  # 1.0.0-1.1.2
+    if isinstance(lock, asyncio.Lock):  # 1.0.0-1.1.2
 
-        async def write(task: Task, context: ServerCallContext) -> int | None:
-            owner = memory.owner_resolver(context)
-            async with memory.lock:
-                return check_and_write(task, owner)
+        async def save(task: Task, context: ServerCallContext) -> None:
+            async with lock:
+                stored = check_and_write(task, owner_of(context))
+            if stored is not None or guard.notices is not None:
+                await guard._saved(task, stored)
 
-        return write
+        return save
 
-    async def write_held(task: Task, context: ServerCallContext) -> int | None:
+    async def save_held(task: Task, context: ServerCallContext) -> None:
         # threading.RLock: 1.1.3+; never held across an await, as nothing inside awaits. Taken
         # with no context manager of ours: every save of a message comes through here.
-        owner = memory.owner_resolver(context)
-        with memory.lock:
-            return check_and_write(task, owner)
+        owner = owner_of(context)
+        with lock:
+            stored = check_and_write(task, owner)
+        if stored is not None or guard.notices is not None:
+            await guard._saved(task, stored)
 
-    return write_held
-
-
-def _copy(task: Task) -> Task:
-    """Return a copy of ``task``, as the SDK's CopyingTaskStoreAdapter stores it."""
-    copy = Task()
-    copy.CopyFrom(task)
-    return copy
+    return save_held
 
 
 class _Refused(Exception):
@@ -372,7 +390,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
             while True:  # Transient contention is retried, as the SDK's save does.
                 attempts += 1
                 try:
-                    version = await self._write(task, event, prev_version, owner)
+                    version = await self._guarded(task, event, prev_version, owner)
                     break
                 except _Refused as refused:
                     return self._refused_versioned(task, refused)

@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from a2a_cancelfix._aio import Once, deadline_in, deadlines, wait_done, wait_patiently
+from a2a_cancelfix._aio import Once, deadline_in, deadlines, wait_done, wait_patiently, wait_set
 from a2a_cancelfix.testing import within
 
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="none")
@@ -138,3 +138,50 @@ async def test_a_wait_is_patient_only_where_the_loop_ran_late(
     assert asked[0] == 101.0
     for before, after, late in zip(asked, asked[1:], lateness, strict=False):
         assert after == pytest.approx(min(before + 2 * late, 110.0))
+
+
+@pytest.mark.asyncio
+async def test_wait_set_times_out_on_the_shared_deadlines_without_a_timer_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past its deadline the wait returns False, its task not left cancelling; set in time,
+    True. Neither arms a loop timer of its own: the loop's `Deadlines` time it."""
+    loop = asyncio.get_running_loop()
+    timers = deadlines()
+    own_timers: list[object] = []
+    real_call_at = loop.call_at
+
+    def call_at(when: float, callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if getattr(callback, "__self__", None) not in (timers, bound):
+            own_timers.append(callback)
+        return real_call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", call_at)
+    event = asyncio.Event()
+    task = asyncio.current_task()
+    assert task is not None
+    bound = asyncio.timeout(10)  # In this task, as the wait's own cancel is: the test's bound.
+    async with bound:
+        assert await wait_set(event, deadline_in(0.01)) is False
+        assert task.cancelling() == 0
+        loop.call_soon(event.set)
+        assert await wait_set(event, deadline_in(5)) is True
+    assert own_timers == []
+
+
+@pytest.mark.asyncio
+async def test_wait_set_lets_a_cancel_from_outside_through() -> None:
+    """A cancel of the waiting task is not the wait's timeout: it propagates, also when it
+    comes in the loop turn in which the deadline fires."""
+    event = asyncio.Event()
+    waiting = asyncio.ensure_future(wait_set(event, deadline_in(60)))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await within(waiting)
+    deadline = deadline_in(0.01)
+    waiting = asyncio.ensure_future(wait_set(event, deadline))
+    # Due at the deadline's own time: it runs in the same loop turn as the deadline's callback.
+    asyncio.get_running_loop().call_at(deadline, waiting.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await within(waiting)
