@@ -49,7 +49,7 @@ stored CANCELED); the store, and so GetTask and every later reader, keeps the te
 written first. Two first saves of one id at once both land (one inserts, the other updates),
 where the SDK's merge (a SELECT, then an INSERT) fails one of them with an IntegrityError.
 
-Upstream's cluster mode (a2a-sdk 1.3+): ``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``
+Upstream's cluster mode (a2a-sdk 1.2+): ``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``
 is itself a ``VersionedTaskStore`` (its class becomes a subclass that is one), so the SDK
 uses it as it is. Its save is the SDK's versioned save (compare-and-swap on the version row, the
 journal row that ``DatabaseTaskEventStream`` tails, in the same transaction, transient errors
@@ -105,7 +105,7 @@ class FinalStateTaskStore(TaskStore):
     """Wrap a ``DatabaseTaskStore`` or an ``InMemoryTaskStore`` so that a terminal state is final.
 
     ``DefaultRequestHandler(executor, FinalStateTaskStore(DatabaseTaskStore(engine)), ...)``.
-    On a2a-sdk 1.3+ it also wraps a ``VersionedDatabaseTaskStore`` (upstream's cluster mode),
+    On a2a-sdk 1.2+ it also wraps a ``VersionedDatabaseTaskStore`` (upstream's cluster mode),
     and is then a ``VersionedTaskStore`` itself; so is a subclass of it, whose own methods
     come first. Any other store raises ``TypeError``: the guard would be a read then a write,
     a race.
@@ -140,7 +140,7 @@ class FinalStateTaskStore(TaskStore):
             return _memory_save(store, self)
         raise TypeError(
             "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore (or, on "
-            f"a2a-sdk 1.3+, a VersionedDatabaseTaskStore), not {type(store).__name__}"
+            f"a2a-sdk 1.2+, a VersionedDatabaseTaskStore), not {type(store).__name__}"
         )
 
     def save(self, task: Task, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
@@ -294,7 +294,7 @@ class _Refused(Exception):
 
 
 def _versioned_write(store: Any, announce_in: _Announce) -> Any:
-    """Return the guarded versioned save for a VersionedDatabaseTaskStore (a2a-sdk 1.3+).
+    """Return the guarded versioned save for a VersionedDatabaseTaskStore (a2a-sdk 1.2+).
 
     Its ``_save_once``, with the lock taken first and the stored state checked under it.
     Returns the new TaskVersion, or raises `_Refused` (nothing written) or, as the SDK's

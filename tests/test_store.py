@@ -408,11 +408,11 @@ class Audited(FinalStateTaskStore):
 
 @pytest_asyncio.fixture(params=[*BACKENDS, "versioned"])
 async def any_sdk_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    """Yield each store FinalStateTaskStore wraps, empty: the bare ones, and (a2a-sdk 1.3+)
+    """Yield each store FinalStateTaskStore wraps, empty: the bare ones, and (a2a-sdk 1.2+)
     upstream's cluster-mode VersionedDatabaseTaskStore on SQLite."""
     if request.param == "versioned":
         if not _sdk.HAS_CLUSTER:
-            pytest.skip("VersionedDatabaseTaskStore is a2a-sdk 1.3+")
+            pytest.skip("VersionedDatabaseTaskStore is a2a-sdk 1.2+")
         from a2a.server.cluster import VersionedDatabaseTaskStore
 
         async with open_database("sqlite", tmp_path) as opened:

@@ -209,7 +209,7 @@ def make_server(
 ) -> Server:
     """Build the stock handler, the stock handler around our wrapper, or ours, around ``executor``.
 
-    ``event_stream`` (a2a-sdk 1.3+'s cluster mode, with a versioned ``store``) goes to every kind;
+    ``event_stream`` (a2a-sdk 1.2+'s cluster mode, with a versioned ``store``) goes to every kind;
     ``options`` to ours only.
     """
     store = store if store is not None else InMemoryTaskStore()
