@@ -1,0 +1,169 @@
+"""Faults in a real task store, met as an operator meets them (issue 30): a row another
+transaction holds locked, a statement timeout, a connection killed mid-write.
+
+Every cancel answers within its bound (grace period plus two margins at the very worst: one
+for the SDK's part, one for the direct write), never CANCELED that the store does not hold;
+the CANCELED it could not record in time is recorded behind the answer, and the task never
+stays WORKING with nothing running. Stock, on the same release, beside ours where it differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from a2a.server.tasks import DatabaseTaskStore
+from a2a.utils.errors import InternalError
+
+from a2a_cancelfix import FinalStateTaskStore, _sdk
+from a2a_cancelfix import lifecycle as lifecycle_module
+from a2a_cancelfix.testing import GRACE, ScriptedExecutor, cancel, make_server, start, stored, within
+from a2a_cancelfix.testing.waits import eventually
+
+from .test_replicas import outcome_within
+from .test_store import PG_DSN, Database, open_database
+
+# The whole cancel's bound: the grace period, the SDK's margin, the direct write's margin.
+ANSWER_BOUND = GRACE + 2 * lifecycle_module.MARGIN
+SLACK = 1.0
+
+
+class Writes:
+    """Sets ``in_flight`` when a statement that writes the task table starts on ``engine``:
+    the CANCELED write has reached the database (and waits there, if the row is locked)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.in_flight = asyncio.Event()
+        self.armed = False
+        loop = asyncio.get_running_loop()
+
+        def started(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if self.armed and statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
+                loop.call_soon_threadsafe(self.in_flight.set)
+
+        sa.event.listen(engine.sync_engine, "before_cursor_execute", started)
+
+
+@contextlib.asynccontextmanager
+async def row_locked(kind: str, database: Database, tmp_path: Path, task_id: str) -> AsyncIterator[None]:
+    """Another transaction holds the lock the CANCELED write needs, until the block ends."""
+    if kind == "postgresql":
+        import asyncpg
+
+        schema = database.connect_args["server_settings"]["search_path"]
+        holder = await asyncpg.connect(PG_DSN, server_settings={"search_path": schema})
+        transaction = holder.transaction()
+        await transaction.start()
+        try:
+            assert await holder.fetchval("SELECT id FROM tasks WHERE id = $1 FOR UPDATE", task_id) == task_id
+            yield
+        finally:
+            await transaction.rollback()
+            await holder.close()
+    else:
+        import aiosqlite
+
+        async with aiosqlite.connect(tmp_path / "tasks.db", isolation_level=None) as holder:
+            await holder.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            finally:
+                await holder.execute("ROLLBACK")
+
+
+def guarded(database: Database) -> tuple[FinalStateTaskStore, Writes]:
+    engine = database.engine()
+    return FinalStateTaskStore(DatabaseTaskStore(engine)), Writes(engine)
+
+
+async def _closed(server: Any, task_id: str) -> bool:
+    return await _sdk.live_task(server.handler, task_id) is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+async def test_a_locked_row_does_not_hold_a_live_cancel_past_its_bound(kind: str, tmp_path: Path) -> None:
+    """The run here stops, and its CANCELED waits for a row another transaction holds: the
+    caller gets InternalError within the bound, saying the write goes on; nothing claims a
+    CANCELED the store does not hold; once the lock is released CANCELED lands and the
+    sender's stream ends. Stock, on the same release, answers only when the lock is released."""
+    async with open_database(kind, tmp_path) as database:
+        store, writes = guarded(database)
+        server = make_server("ours", ScriptedExecutor(), store=store)
+        stream = await start(server)
+        task_id = server.executor.task_id or ""
+        async with row_locked(kind, database, tmp_path, task_id):
+            writes.armed = True
+            answer = asyncio.ensure_future(server.calls.cancel(task_id, "alice"))
+            await within(writes.in_flight.wait())
+            with pytest.raises(InternalError, match="has not recorded CANCELED yet"):
+                await within(answer, ANSWER_BOUND + SLACK)
+            assert server.executor.stopped.is_set()
+            assert await stored(server, task_id) == "WORKING"  # Said as it is: not yet.
+        await eventually(lambda: _stored_is(server, task_id, "CANCELED"), seconds=ANSWER_BOUND + SLACK)
+        assert await stream.ended()
+        assert stream.last == "CANCELED" or isinstance(stream.error, InternalError), stream.last
+        await eventually(lambda: _closed(server, task_id))
+
+    async with open_database(kind, tmp_path / "stock") if kind == "postgresql" else _fresh_sqlite(tmp_path) as database:
+        store, writes = guarded(database)
+        server = make_server("stock", ScriptedExecutor(), store=store)
+        stream = await start(server)
+        task_id = server.executor.task_id or ""
+        async with row_locked(kind, database, _sqlite_dir(database, tmp_path), task_id):
+            stock = await outcome_within(cancel(server, task_id), ANSWER_BOUND + SLACK)
+        # Stock: no answer within the bound (it waits for the lock; or, up to 1.1.x, for ever),
+        # or WORKING (1.0.0-1.1.3 answer before anything is saved, and leave the run going).
+        assert stock in ("HANG", "WORKING"), stock
+        server.executor.step.open()
+        await stream.ended()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+async def test_a_locked_row_does_not_hold_a_cancel_not_live_here_past_its_bound(
+    kind: str, tmp_path: Path
+) -> None:
+    """B has no run of the task (A runs it): B's CANCELED write waits for the locked row. B
+    answers InternalError within the bound; the write goes on behind it and lands once the
+    lock is released."""
+    async with open_database(kind, tmp_path) as database:
+        store_a, _ = guarded(database)
+        store_b, writes = guarded(database)
+        a = make_server("ours", ScriptedExecutor(), store=store_a, replica_poll_interval=0.05)
+        b = make_server("ours", ScriptedExecutor(), store=store_b)
+        await start(a)
+        task_id = a.executor.task_id or ""
+        async with row_locked(kind, database, tmp_path, task_id):
+            writes.armed = True
+            answer = asyncio.ensure_future(b.calls.cancel(task_id, "alice"))
+            await within(writes.in_flight.wait())
+            with pytest.raises(InternalError, match="has not recorded CANCELED yet"):
+                await within(answer, ANSWER_BOUND + SLACK)
+            assert await stored(b, task_id) == "WORKING"
+        await eventually(lambda: _stored_is(b, task_id, "CANCELED"), seconds=ANSWER_BOUND + SLACK)
+        a.executor.step.open()
+        await within(a.executor.stopped.wait())
+        assert not a.executor.completed.is_set()  # A found B's CANCELED before it could complete.
+        await eventually(lambda: _closed(a, task_id))
+
+
+@contextlib.asynccontextmanager
+async def _fresh_sqlite(tmp_path: Path) -> AsyncIterator[Database]:
+    folder = tmp_path / "stock"
+    folder.mkdir()
+    async with open_database("sqlite", folder) as database:
+        yield database
+
+
+def _sqlite_dir(database: Database, tmp_path: Path) -> Path:
+    return Path(database.url.removeprefix("sqlite+aiosqlite:///")).parent if "sqlite" in database.url else tmp_path
+
+
+async def _stored_is(server: Any, task_id: str, state: str) -> bool:
+    return await stored(server, task_id) == state
