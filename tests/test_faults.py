@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from a2a.server.tasks import DatabaseTaskStore
-from a2a.utils.errors import InternalError
+from a2a.utils.errors import A2AError, InternalError
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk
+from a2a_cancelfix._sdk import state_name
 from a2a_cancelfix import lifecycle as lifecycle_module
-from a2a_cancelfix.testing import GRACE, ScriptedExecutor, cancel, make_server, start, stored, within
+from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Stream, cancel, make_server, start, stored, within
 from a2a_cancelfix.testing.waits import eventually
 
 from .test_replicas import outcome_within
@@ -40,10 +42,14 @@ class Writes:
     def __init__(self, engine: Any) -> None:
         self.in_flight = asyncio.Event()
         self.armed = False
+        self.backends: list[int] = []  # PostgreSQL: the server pid of each connection writing.
         loop = asyncio.get_running_loop()
 
-        def started(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        def started(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
             if self.armed and statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
+                driver = conn.connection.driver_connection
+                if hasattr(driver, "get_server_pid"):
+                    self.backends.append(driver.get_server_pid())
                 loop.call_soon_threadsafe(self.in_flight.set)
 
         sa.event.listen(engine.sync_engine, "before_cursor_execute", started)
@@ -167,3 +173,76 @@ def _sqlite_dir(database: Database, tmp_path: Path) -> Path:
 
 async def _stored_is(server: Any, task_id: str, state: str) -> bool:
     return await stored(server, task_id) == state
+
+
+@pytest.mark.asyncio
+async def test_a_statement_timeout_on_the_canceled_write_leaves_no_task_working_with_nothing_running(
+    tmp_path: Path,
+) -> None:
+    """The engine's statement_timeout (300 ms) cuts every CANCELED write while another
+    transaction holds the row: the run here is stopped and closed, the caller gets InternalError
+    in bound, and the write is retried behind the answer until it lands once the lock is gone.
+    Before, the task stayed WORKING with nothing running anywhere."""
+    async with open_database("postgresql", tmp_path) as database:
+        settings = {**database.connect_args["server_settings"], "statement_timeout": "300ms"}
+        engine = create_async_engine(database.url, connect_args={**database.connect_args, "server_settings": settings})
+        database.engines.append(engine)
+        writes = Writes(engine)
+        server = make_server("ours", ScriptedExecutor(), store=FinalStateTaskStore(DatabaseTaskStore(engine)))
+        stream = await start(server)
+        task_id = server.executor.task_id or ""
+        async with row_locked("postgresql", database, tmp_path, task_id):
+            writes.armed = True
+            answer = asyncio.ensure_future(server.calls.cancel(task_id, "alice"))
+            await within(writes.in_flight.wait())
+            with pytest.raises(InternalError):
+                await within(answer, ANSWER_BOUND + SLACK)
+            assert server.executor.stopped.is_set()
+            await eventually(lambda: _closed(server, task_id))  # Nothing runs it here any more.
+            assert await stored(server, task_id) == "WORKING"
+        await eventually(lambda: _stored_is(server, task_id, "CANCELED"), seconds=ANSWER_BOUND + SLACK)
+        assert await stream.ended()
+        assert stream.last == "CANCELED" or isinstance(stream.error, A2AError), stream.last
+
+
+@pytest.mark.asyncio
+async def test_a_connection_killed_during_the_canceled_write_ends_streams_on_an_a2a_outcome(
+    tmp_path: Path,
+) -> None:
+    """pg_terminate_backend on the connection writing CANCELED, on the replica running the task:
+    the caller, the sender's stream and a subscriber end on a terminal state or an A2A error,
+    never a raw DBAPIError, and the store ends CANCELED (the write is retried)."""
+    async with open_database("postgresql", tmp_path) as database:
+        store, writes = guarded(database)
+        server = make_server("ours", ScriptedExecutor(), store=store)
+        stream = await start(server)
+        task_id = server.executor.task_id or ""
+        subscriber = Stream(server.calls.subscribe(task_id, "alice"))
+        await subscriber.until(lambda: bool(subscriber.events))
+        async with row_locked("postgresql", database, tmp_path, task_id):
+            writes.armed = True
+            answer = asyncio.ensure_future(server.calls.cancel(task_id, "alice"))
+            await within(writes.in_flight.wait())
+            await _terminate(writes.backends)
+        try:
+            answered = await within(answer, ANSWER_BOUND + SLACK)
+        except A2AError:
+            pass  # An A2A error is an answer a client can act on.
+        else:
+            assert state_name(answered.status.state) == "CANCELED"
+        for observer in (stream, subscriber):
+            assert await observer.ended()
+            assert observer.error is None or isinstance(observer.error, A2AError), repr(observer.error)
+            assert observer.error is not None or observer.last in ("CANCELED", "FAILED"), observer.last
+        await eventually(lambda: _stored_is(server, task_id, "CANCELED"), seconds=ANSWER_BOUND + SLACK)
+
+
+async def _terminate(backends: list[int]) -> None:
+    import asyncpg
+
+    admin = await asyncpg.connect(PG_DSN)
+    try:
+        killed = await admin.fetch("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", backends)
+    finally:
+        await admin.close()
+    assert killed and all(row[0] for row in killed), killed
