@@ -123,7 +123,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             TaskNotFoundError: unknown id, or a task the caller does not own.
             TaskNotCancelableError: already terminal, or parked under ``on_parked="refuse"``.
             InternalError: the executor's ``cancel()`` raised (the task ends FAILED), or the
-                task store failed.
+                task store failed, or has not recorded CANCELED within the bound (the write
+                goes on behind the answer).
         """
         return await self._lifecycle.request(params.id, context)
 
