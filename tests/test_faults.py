@@ -24,11 +24,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from a2a_cancelfix import FinalStateTaskStore, _sdk
 from a2a_cancelfix._sdk import state_name
 from a2a_cancelfix import lifecycle as lifecycle_module
-from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Stream, cancel, make_server, start, stored, within
+from a2a_cancelfix.testing import GRACE, ScriptedExecutor, Stream, caller, cancel, make_server, start, stored, within
 from a2a_cancelfix.testing.waits import eventually
 
 from .test_replicas import outcome_within
-from .test_store import PG_DSN, Database, open_database
+from .test_store import CANCELED, PG_DSN, WORKING, Database, make_task, open_database
 
 # The whole cancel's bound: the grace period, the SDK's margin, the direct write's margin.
 ANSWER_BOUND = GRACE + 2 * lifecycle_module.MARGIN
@@ -160,6 +160,31 @@ async def test_a_locked_row_does_not_hold_a_cancel_not_live_here_past_its_bound(
         await within(a.executor.stopped.wait())
         assert not a.executor.completed.is_set()  # A found B's CANCELED before it could complete.
         await eventually(lambda: _closed(a, task_id))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+async def test_a_save_cut_while_it_waits_for_a_locked_row_does_not_lock_out_later_saves(
+    kind: str, tmp_path: Path
+) -> None:
+    """A save cancelled while its statement waits for a locked row (a run closed by force
+    cuts the SDK's save so) returns at once, yet runs to its end once the lock is gone: the
+    next save lands. Cut mid-statement on SQLite, pysqlite kept the abandoned connection's
+    write lock, and every later save failed "database is locked"."""
+    async with open_database(kind, tmp_path) as database:
+        store, writes = guarded(database)
+        alice = caller("alice")
+        await store.save(make_task(WORKING), alice)
+        async with row_locked(kind, database, tmp_path, "task-1"):
+            writes.armed = True
+            cut = asyncio.ensure_future(store.save(make_task(WORKING, "cut"), alice))
+            await within(writes.in_flight.wait())
+            cut.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await within(cut, SLACK)  # The caller leaves at once.
+        await within(store.save(make_task(CANCELED), alice), LANDING)
+        stored = await store.get("task-1", alice)
+        assert stored is not None and stored.status.state == CANCELED
 
 
 @contextlib.asynccontextmanager
