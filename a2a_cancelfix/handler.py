@@ -22,6 +22,7 @@ from a2a.types import (
     SubscribeToTaskRequest,
     Task,
     TaskNotFoundError,
+    TaskStatusUpdateEvent,
     UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError
@@ -153,7 +154,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             TaskNotFoundError: unknown id, or a task the caller does not own.
             TaskNotCancelableError: already terminal, or parked under ``on_parked="refuse"``.
             InternalError: the executor's ``cancel()`` raised (the task ends FAILED), or the
-                task store failed.
+                task store failed, or has not recorded CANCELED within the bound (the write
+                goes on behind the answer).
         """
         return await self._lifecycle.request(params.id, context)
 
@@ -244,8 +246,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             lifecycle.follow_up_accepted(message_id)
         events = _sdk_stream(self, params, context)
         drained = False
+        task_id = params.message.task_id
         try:
             async for event in events:
+                task_id = task_id or _task_id_of(event)
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
                 if not isinstance(event, STATUS_EVENTS) or event.status.state not in TERMINAL_STATES:
                     yield event
@@ -266,6 +270,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 else:
                     await _drain(events)
                 return
+            end = await self._end_being_recorded(task_id, context)
+            if end is not None:
+                yield end
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         except A2AError:
@@ -307,10 +314,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         watchers = self._lifecycle.watchers
         observer = None if watchers is None else watchers.open(task.id)
         try:
+            ended = False
             async for event in _until_terminal(events):
-                if _sdk.terminal_state(event) is not None and params.id in self._remote.refused_tasks:
-                    event = await self._remote.as_stored(event, context)
+                if _sdk.terminal_state(event) is not None:
+                    ended = True
+                    if params.id in self._remote.refused_tasks:
+                        event = await self._remote.as_stored(event, context)
                 yield event
+            end = None if ended else await self._end_being_recorded(params.id, context)
+            if end is not None:
+                yield end
         except A2AError:
             raise
         except Exception as error:
@@ -318,6 +331,23 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         finally:
             if watchers is not None and observer is not None:
                 watchers.close(observer)
+
+    async def _end_being_recorded(self, task_id: str, context: ServerCallContext) -> TaskStatusUpdateEvent | None:
+        """The end of a stream of ``task_id`` that ended with no terminal event: where its run
+        was closed while a cancel's CANCELED was still being written (the store slow, locked or
+        failing), the end the store holds once the write is over; else None.
+
+        Raises:
+            InternalError: the store never recorded it.
+        """
+        if not task_id:
+            return None
+        stored = await self._lifecycle.stored_end(task_id, context)
+        if stored is None:
+            return None
+        if stored.status.state not in _sdk.TERMINAL_STATES:
+            raise InternalError(message=f"The task store did not record the end of task {task_id}")
+        return TaskStatusUpdateEvent(task_id=task_id, context_id=stored.context_id, status=stored.status)
 
     async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
         """Refuse a message to a task being canceled or already terminal, as the spec says.

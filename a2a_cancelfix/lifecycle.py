@@ -10,6 +10,7 @@ adapters between the SDK and the lifecycle's entries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -38,7 +39,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on, wait_patiently
+from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on, wait_done, wait_patiently
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL, RemoteCancels
@@ -301,6 +302,11 @@ class Cancellation:
         self._call: asyncio.Future[None] | None = None
         self._returned = Once()
         self._settle_by: float | None = None  # Fixed by the first wait for the SDK's part.
+        # The direct CANCELED write's first attempt (the task as it ends up, or what the store
+        # raised), and the time the answer waits for it until: both fixed as it starts.
+        self.writing: asyncio.Future[Task | Exception | None] | None = None
+        self.write_by: float | None = None
+        self.write_outlived = False  # The answer came first: the write goes on behind it.
 
     @property
     def late(self) -> bool:
@@ -494,6 +500,9 @@ class Lifecycle:
         self.parked: dict[str, ServerCallContext] = {}
         # Follow-up messages accepted for a running task that no run has taken yet, by id.
         self._follow_ups: set[str] = set()
+        # Direct CANCELED writes in progress, retries included, by task: a stream whose run
+        # was closed before its end was recorded waits for it (see `stored_end`).
+        self.recording: dict[str, asyncio.Future[None]] = {}
         self.remote = (
             None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
         )
@@ -783,7 +792,7 @@ class Lifecycle:
             path = cancellation.path or path
             result = await self._cancel_live(cancellation, active, task, caller)
         elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
-            path, result = "not live here", await self._write_canceled(task.id, caller)
+            path, result = "not live here", await self._write_canceled(cancellation, task.id, caller)
         else:
             path, result = "not live here (SDK)", await self._cancel_by_sdk(task.id, caller, cancellation)
         state = result.status.state
@@ -805,45 +814,110 @@ class Lifecycle:
         if not recorded or result is None or result.status.state not in TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
             _telemetry.teardown_forced(task.id)
-            await _sdk.force_close(active, MARGIN)
-            return await self._write_canceled(task.id, caller, stopped=True)
+            closed = functools.partial(_sdk.force_close, active, MARGIN)
+            return await self._write_canceled(cancellation, task.id, caller, after=closed, stopped=True)
         return result
 
     async def _cancel_by_sdk(self, task_id: str, caller: ServerCallContext, cancellation: Cancellation) -> Task:
         """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
-        timeout = max(cancellation.deadline + MARGIN - asyncio.get_running_loop().time(), 0)
-        try:
-            await asyncio.wait_for(_sdk.sdk_cancel(self._handler, task_id, caller), timeout)
-        except asyncio.TimeoutError:
+        call = asyncio.ensure_future(_sdk.sdk_cancel(self._handler, task_id, caller))
+        # Not wait_for, which cancels it and waits for it to unwind: a write that waits for a
+        # locked row unwinds only once the lock is released.
+        if not await wait_done(call, cancellation.deadline + MARGIN):
+            call.add_done_callback(_retrieve)
             logger.warning("the SDK's cancel of task %s hung; CANCELED is written directly", task_id)
-            return await self._write_canceled(task_id, caller)
-        except TaskNotCancelableError:
-            pass  # Another cancel, or the run's own end, came first: the store says which.
+            written = await self._write_canceled(cancellation, task_id, caller)
+            # Moot now. Left alone while the write waits: both may wait for the same lock, and
+            # a store interrupted mid-statement can leave its connection stuck (aiosqlite).
+            call.cancel()
+            return written
+        # TaskNotCancelable: another cancel, or the run's own end, came first: the store says which.
+        with contextlib.suppress(TaskNotCancelableError):
+            call.result()
         # Read back: the SDK answers with its own copy, even where a guarded store refused it.
         stored = await self.read(task_id, caller)
         if stored is None:
             raise TaskNotFoundError
         return stored
 
-    async def _write_canceled(self, task_id: str, caller: ServerCallContext, *, stopped: bool = False) -> Task:
-        """Record CANCELED directly in the store; the task as it ends up.
+    async def _write_canceled(
+        self,
+        cancellation: Cancellation,
+        task_id: str,
+        caller: ServerCallContext,
+        *,
+        after: Callable[[], Awaitable[None]] | None = None,
+        stopped: bool = False,
+    ) -> Task:
+        """Record CANCELED directly in the store (``after`` the run is closed, if given); the
+        task as it ends up, within one margin, never past it.
 
-        ``stopped``: the run here has been stopped and torn down. If the store fails then,
-        the write is retried behind the answer until it lands, so that the task never stays
-        WORKING with nothing running anywhere.
+        The write runs in a task of its own. One that waits longer (for a row another
+        transaction holds locked, say) goes on behind an `InternalError` that says so, and
+        lands, or is retried until it does. ``stopped``: the run here has been stopped, so a
+        write that fails is retried too, so that the task never stays WORKING with nothing
+        running anywhere.
         """
-        try:
-            result = await _sdk.write_canceled(self._handler, task_id, caller)
-        except Exception:
+        if cancellation.writing is None:
+            loop = asyncio.get_running_loop()
+            cancellation.write_by = max(cancellation.deadline, loop.time()) + MARGIN
+            cancellation.writing = loop.create_future()
+            self.recording[task_id] = keep(self._record(cancellation, task_id, caller, after, stopped))
+        writing, write_by = cancellation.writing, cancellation.write_by
+        assert write_by is not None
+        if not await wait_patiently(functools.partial(wait_done, writing), write_by, write_by + LATENESS_LIMIT):
+            cancellation.write_outlived = True
+            logger.warning("task %s: the store has not recorded CANCELED in time; the write goes on", task_id)
+            raise InternalError(
+                message=f"The task store has not recorded CANCELED yet for task {task_id}; the write "
+                "goes on behind this answer (read the task to see it land)"
+            )
+        result = writing.result()
+        if isinstance(result, Exception):
             if stopped:
-                keep(self._record_later(task_id, caller))
-            raise
+                raise InternalError(
+                    message=f"The task store failed to record CANCELED for task {task_id} "
+                    f"({type(result).__name__}); it is retried behind this answer"
+                ) from result
+            raise result
         if result is None:
             raise TaskNotFoundError
         return result
 
+    async def _record(
+        self,
+        cancellation: Cancellation,
+        task_id: str,
+        caller: ServerCallContext,
+        after: Callable[[], Awaitable[None]] | None,
+        stopped: bool,
+    ) -> None:
+        """The direct write: its first attempt's outcome goes to ``cancellation.writing``.
+
+        A failure after the run here was stopped, or after the answer promised that the write
+        goes on, is retried behind the answer (0.1 s, then up to every 5 s, about 10 minutes).
+        """
+        first = cancellation.writing
+        assert first is not None
+        try:
+            if after is not None:
+                await after()
+            try:
+                first.set_result(await _sdk.write_canceled(self._handler, task_id, caller))
+                return
+            except Exception as error:
+                logger.warning("could not record CANCELED of task %s: %r", task_id, error)
+                first.set_result(error)
+            if stopped or cancellation.write_outlived:
+                await self._record_later(task_id, caller)
+        finally:
+            if not first.done():
+                first.cancel()
+            if self.recording.get(task_id) is asyncio.current_task():
+                del self.recording[task_id]
+
     async def _record_later(self, task_id: str, caller: ServerCallContext) -> None:
-        """Retry recording the CANCELED of a stopped run, backing off, until the store takes it."""
+        """Retry recording the CANCELED of a task, backing off, until the store takes it."""
         for delay in _RECORD_RETRIES:
             await asyncio.sleep(delay)
             try:
@@ -854,6 +928,17 @@ class Lifecycle:
             logger.info("cancel task=%s recorded CANCELED after the store failed at first", task_id)
             return
         logger.error("cancel task=%s: the store never recorded CANCELED; the task shows WORKING", task_id)
+
+    async def stored_end(self, task_id: str, caller: ServerCallContext) -> Task | None:
+        """For a stream of ``task_id`` that ended with no terminal event: if its run was closed
+        while its CANCELED was still being written, the task once the write is over (landed,
+        or given up on), as stored; else None.
+        """
+        recording = self.recording.get(task_id)
+        if recording is None:
+            return None
+        await asyncio.wait([recording])  # Not cancelled with this stream: others wait for it too.
+        return await self.read(task_id, caller)
 
     def _refuse_unless_cancelable(self, task: Task) -> None:
         state = task.status.state
@@ -867,6 +952,12 @@ class Lifecycle:
             raise TaskNotCancelableError(
                 message=f"Task {task.id} is waiting for input and this server keeps such tasks"
             )
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    """Take the outcome of a call left behind, so that asyncio does not report it."""
+    if not call.cancelled():
+        call.exception()
 
 
 def _tear_down(active: _sdk.LiveRun, task_id: str) -> None:

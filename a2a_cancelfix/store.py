@@ -242,7 +242,41 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
                 return TaskState.TASK_STATE_UNSPECIFIED
             return _sdk.task_from_row(store, kept).status.state
 
-    return write
+    return _to_the_end(write)
+
+
+def _to_the_end(write: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``write``, run to its end even when its caller is cancelled (the caller still leaves).
+
+    A transaction cut mid-statement leaves its connection behind: SQLAlchemy invalidates and
+    closes it, but pysqlite closes a connection with a statement not run to its end (our
+    ``RETURNING``) as a zombie that keeps SQLite's write lock for as long as the statement
+    lives, so no later write lands (seen when a run closed by force cut the SDK's save of
+    CANCELED that waited for a locked row, a2a-sdk 1.0.0). Run whole, it commits or rolls
+    back and returns its connection; landing late, it still meets the guard, so a terminal
+    state stays final.
+    """
+
+    async def to_the_end(*args: Any) -> Any:
+        work = asyncio.ensure_future(write(*args))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            _left_behind.add(work)
+            work.add_done_callback(_ended_behind)
+            raise
+
+    return to_the_end
+
+
+_left_behind: set[asyncio.Future[Any]] = set()  # Writes whose caller left, referenced to their end.
+
+
+def _ended_behind(work: asyncio.Future[Any]) -> None:
+    _left_behind.discard(work)
+    error = None if work.cancelled() else work.exception()
+    if isinstance(error, Exception) and not isinstance(error, _Refused):
+        logger.warning("a save whose caller had left failed: %r", error)
 
 
 def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
@@ -353,7 +387,7 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
                 await announce_in(session, task.id)
         return TaskVersion(new_version)
 
-    return save_once
+    return _to_the_end(save_once)
 
 
 @functools.cache

@@ -468,3 +468,80 @@ async def test_reconnects_that_keep_failing_leave_polling_alone(tmp_path: Path) 
             await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
             await within(a.handler.aclose())
             await client.aclose()
+
+
+class RedisProxy:
+    """A relay to the real Redis that the test takes away: ``close()`` drops every connection
+    through it and refuses new ones, as a Redis gone for good does (the server itself runs on)."""
+
+    async def start(self) -> int:
+        self.links: set[asyncio.StreamWriter] = set()
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 6379)
+        self.links |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        self.server.close()
+        for link in self.links:
+            link.transport.abort()
+        await self.server.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_with_redis_gone_while_listening_polling_keeps_its_interval(tmp_path: Path) -> None:
+    """A listens through a relay to the real Redis; the relay goes away for good, so every
+    reconnect fails (0.1 s, 0.5 s, ... apart). Each failure leaves the run's next look where
+    the loss put it, one poll interval on, and B's cancel (recorded in the store, its notice
+    lost) reaches A's run by then. Before, each failure moved the look on by a whole interval."""
+    import redis.asyncio as redis
+
+    await _need_redis()
+    interval = 2.0  # Longer than the first gaps between reconnects.
+    proxy = RedisProxy()
+    async with open_database("sqlite", tmp_path) as database:
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        # No retries inside redis-py: each of the listener's reconnects fails at once.
+        port = await proxy.start()
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+        notices = RedisNotices(client, f"a2acf_{uuid.uuid4().hex[:12]}")
+        listening = Listening(notices)
+        store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices)
+        a = make_server("ours", PollingExecutor(), store=store, replica_poll_interval=interval)
+        b_store = FinalStateTaskStore(DatabaseTaskStore(database.engine()))
+        b = make_server("ours", ScriptedExecutor(), store=b_store, replica_poll_interval=HOUR)
+        try:
+            await start(a)
+            task_id = a.executor.task_id or ""
+            await within(listening.heard())
+            run = a.handler.agent_executor.cancel_lifecycle.works[task_id].run
+            await proxy.close()
+            await listening.changes.until(lambda: listening.attempts >= 2)  # Lost: polling again.
+            due = run.next_look
+            await listening.changes.until(lambda: listening.attempts >= 4)  # Two reconnects failed.
+            assert run.next_look == due
+            assert await within(cancel(b, task_id)) == "CANCELED"
+            await within(a.executor.cancel_called.wait(), interval + 1.0)
+            await within(a.executor.stopped.wait())
+        finally:
+            a.executor.released.set()
+            await within(a.executor.stopped.wait())
+            await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
+            await within(a.handler.aclose())
+            await client.aclose()
