@@ -25,7 +25,6 @@ from a2a_cancelfix import FinalStateTaskStore, _sdk
 from a2a_cancelfix import lifecycle as lifecycle_module
 from a2a_cancelfix._sdk import state_name
 from a2a_cancelfix.testing import (
-    GRACE,
     ScriptedExecutor,
     Stream,
     caller,
@@ -35,6 +34,7 @@ from a2a_cancelfix.testing import (
     stored,
     within,
 )
+from a2a_cancelfix.testing.servers import GRACE
 from a2a_cancelfix.testing.waits import eventually
 
 from .test_replicas import outcome_within
