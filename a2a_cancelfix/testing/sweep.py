@@ -550,8 +550,9 @@ class _World:
                 )
         _expect(row, {"answer": (expected,)})
         _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
-        if origin == "unwatched" and not applies:  # Nobody saw it: it parks, or runs to its end.
-            row.expected["store"] = (final, *sorted(PARKED))
+        if origin == "unwatched" and not applies:
+            # Nobody saw it: it parks, runs to its end, or, running on unwatched, is cancelled.
+            row.expected["store"] = (final, "CANCELED", *sorted(PARKED))
         if self.followed_up is not None and not self.unwatched:
             row.expected["sender"] = (final, "UnsupportedOperation") if applies else (final,)
         if applies and row.answer != "HANG":
@@ -566,8 +567,11 @@ class _World:
             if going is not None and not going.done():
                 going.cancel()
         bound = UNWATCHED_AFTER + self.plan.grace_period + MARGIN
-        if not applies:  # The run goes on to its end, or parks.
-            await _set_within(self.probe.finished, bound)
+        if not applies:  # The run goes on: to its end, to a parking, or to the option's cancel.
+            if not await _set_within(self.probe.finished, bound + self.plan.took):
+                row.failures.append(
+                    f"execute() still ran {bound + self.plan.took:.1f} s after its client left: nothing stopped it"
+                )
             return
         if not await _set_within(self.probe.finished, bound):
             called = self.watched._self_called.is_set()
