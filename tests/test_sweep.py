@@ -111,6 +111,21 @@ async def test_each_defect_fails_its_row(executor: type, origin: str, moment: st
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("executor", "problem"),
+    [
+        (broken.StepAfterCaught, "and went on to step scrub"),
+        (broken.CancelHangs, "cancel() did not return within the grace period: it hangs, at cancel (sweep_"),
+    ],
+    ids=["StepAfterCaught", "CancelHangs"],
+)
+async def test_a_defect_fails_its_unwatched_row(executor: type, problem: str) -> None:
+    """Cancelled as unwatched, with nobody waiting for the cancel's answer, a defect still shows."""
+    report = await swept(executor, origins=("unwatched",))
+    assert any("step step" in moment for moment in failing(report, "unwatched", problem)), str(report)
+
+
+@pytest.mark.asyncio
 async def test_a_remote_cancel_must_be_noticed_at_the_next_checkpoint() -> None:
     """The loop with no checkpoint passes every local row where the cancel interrupts it, and
     fails where only a checkpoint could notice: a remote cancel between two tool calls."""

@@ -584,6 +584,8 @@ class _World:
             return
         if not self.watched._self_called.is_set():
             row.failures.append(f"the task went unwatched and {self.name}.cancel() was not called")
+        else:  # Nobody waits for this cancel's answer: the row waits for its end (cut, if it hangs).
+            await _set_within(self.watched._self_returned, self.plan.grace_period + MARGIN)
         await wait_all_tasks_blocked()
         task = await self.a.on_get_task(GetTaskRequest(id=self.task_id), caller())
         if task is not None and _sdk.state_name(task.status.state) == "CANCELED":
