@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from a2a.types import Task
 
+from a2a_cancelfix.lifecycle import Lifecycle
 from a2a_cancelfix.testing import Report, play, sweep
 from a2a_cancelfix.testing.examples import Pipeline, claim_released
 from a2a_cancelfix.tools.cli import main
@@ -109,6 +111,21 @@ async def test_each_defect_fails_its_row(executor: type, origin: str, moment: st
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("executor", "problem"),
+    [
+        (broken.StepAfterCaught, "and went on to step scrub"),
+        (broken.CancelHangs, "cancel() did not return within the grace period: it hangs, at cancel (sweep_"),
+    ],
+    ids=["StepAfterCaught", "CancelHangs"],
+)
+async def test_a_defect_fails_its_unwatched_row(executor: type, problem: str) -> None:
+    """Cancelled as unwatched, with nobody waiting for the cancel's answer, a defect still shows."""
+    report = await swept(executor, origins=("unwatched",))
+    assert any("step step" in moment for moment in failing(report, "unwatched", problem)), str(report)
+
+
+@pytest.mark.asyncio
 async def test_a_remote_cancel_must_be_noticed_at_the_next_checkpoint() -> None:
     """The loop with no checkpoint passes every local row where the cancel interrupts it, and
     fails where only a checkpoint could notice: a remote cancel between two tool calls."""
@@ -138,6 +155,56 @@ async def test_good_executors_hold_on_every_row(executor: object, released: obje
     assert {row.origin for row in report.rows[1:]} == {"local", "remote", "client leaves"}
     landings = {row.landing for row in report.rows if row.point and row.point.kind == "await"}
     assert {"as it returns", "interrupted", "while pending"} <= landings
+
+
+GOOD = [(Pipeline, claim_released), (functools.partial(DemoAgent, 0.001, 0.001), None)]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("executor", "released"), GOOD, ids=["README's Pipeline", "demo agent"])
+async def test_a_task_nobody_watches_stops_on_every_row(
+    executor: object, released: object, tmp_path: Path
+) -> None:
+    """Asked for, the ``unwatched`` origin: the sender's client leaves at the point, nobody else
+    watches, and ``cancel_unwatched_after`` cancels the task; its rows replay from their files."""
+    report = await swept(executor, origins=("unwatched",), released=released)
+    assert report.ok, str(report)
+    rows = report.rows[1:]
+    assert rows and {row.origin for row in rows} == {"unwatched"}
+    cancelled = [row for row in rows if row.seen["store"] == "CANCELED"]
+    assert len(cancelled) >= len(rows) - 3, str(report)  # All but before it is stored, and parked.
+    if executor is Pipeline:  # Importable by name (the demo's partial is not): it replays.
+        saved = tmp_path / "cancel_unwatched.toml"
+        saved.write_text(cancelled[-1].scenario)
+        assert 'origin = "unwatched"' in cancelled[-1].scenario
+        assert play(saved).ok
+
+
+@pytest.mark.asyncio
+async def test_the_unwatched_rows_fail_without_the_options_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the option's entry into the lifecycle disabled, nothing cancels the task its client
+    left: each row where it ran fails, saying so."""
+
+    async def disabled(*args: object) -> None:
+        return None
+
+    monkeypatch.setattr(Lifecycle, "unwatched", disabled)
+    report = await swept(Pipeline, origins=("unwatched",), released=claim_released)
+    stranded = failing(report, "unwatched", "after its client left and nobody watched the task, and")
+    assert len(stranded) >= len(report.rows) - 2, str(report)
+    assert "Pipeline.cancel() was not called" in str(report)
+
+
+@pytest.mark.asyncio
+async def test_an_unwatched_cancel_must_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled as a client's cancel is, without the reason: the row fails on the status."""
+
+    async def unsaid(self: Lifecycle, task: Task, active: object, caller: object, after: float) -> None:
+        await self._drive(self.begin(task.id), task, active, caller)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Lifecycle, "unwatched", unsaid)
+    report = await swept(Pipeline, origins=("unwatched",), released=claim_released)
+    assert failing(report, "unwatched", "status does not say nobody watched it"), str(report)
 
 
 @pytest.mark.asyncio

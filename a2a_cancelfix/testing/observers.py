@@ -115,8 +115,7 @@ class Stream:
 
     async def ended(self, seconds: float = BOUND) -> bool:
         """Wait up to ``seconds`` for the stream to end; whether it has."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.task), seconds)
+        await asyncio.wait({self.task}, timeout=seconds)  # Its consumer may have been cancelled.
         return self.task.done()
 
     async def until(self, condition: Callable[[], object], seconds: float = BOUND) -> None:

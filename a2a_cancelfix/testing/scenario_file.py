@@ -12,7 +12,7 @@ A sweep prints one for each failing row, with what every observer must see: save
     kind = "await"
     at = "await asyncio.sleep in execute > scrub"   # the path to the point: no line numbers
     occurrence = 1                        # the first point of this kind and path
-    origin = "remote"                     # local, remote or client leaves
+    origin = "remote"                     # local, remote, client leaves or unwatched
     landing = "as it returns"
 
     [expect]                              # each observer's last state (any of a list)
@@ -62,7 +62,7 @@ class _Cancel(_Section):
     at: str
     occurrence: int = Field(1, ge=1)
     shielded: bool = False  # Said for people; the run tells.
-    origin: Literal["local", "remote", "client leaves"] = "local"
+    origin: Literal["local", "remote", "client leaves", "unwatched"] = "local"
     landing: Literal["as it returns", "interrupted", "while pending", "alone", "follow-up racing", ""] = ""
 
 

@@ -4,7 +4,9 @@ The sweep runs the executor once uncancelled (it must still complete), records i
 points (see `Point`), then runs it again once per point, origin and landing, with the cancel
 landing exactly there: the run is held at the point until the cancel has reached it, so no
 row depends on timing. Every run has our handler, an in-memory store, the sender's stream, a
-subscriber and a push receiver; a follow-up message is a blocking sender.
+subscriber and a push receiver; a follow-up message is a blocking sender. The ``unwatched``
+origin's runs have neither subscriber nor push config: the sender's client leaves at the point,
+and the handler's ``cancel_unwatched_after`` must cancel the task nobody watches any more.
 """
 
 from __future__ import annotations
@@ -54,7 +56,12 @@ from a2a_cancelfix.testing.waits import BOUND, answer_or_hang, in_own_loop, wait
 
 ORIGINS = ("local", "remote", "client leaves")
 """Where a cancel comes from: a request to the replica running the task; a request to another
-replica sharing its store; a request to the replica running it whose client goes away."""
+replica sharing its store; a request to the replica running it whose client goes away. The
+sweep's default; ``"unwatched"`` is asked for by name (see `UNWATCHED_AFTER`)."""
+EVERY_ORIGIN = (*ORIGINS, "unwatched")
+UNWATCHED_AFTER = 0.2
+"""The handler's ``cancel_unwatched_after`` in an ``unwatched`` row: the sender's client leaves,
+nobody else watches, and the task must be cancelled (as unwatched) this long after."""
 
 PUSH_URL = "http://push.invalid/sweep"
 TERMINAL = frozenset(map(_sdk.state_name, _sdk.TERMINAL_STATES))
@@ -77,11 +84,12 @@ class Row:
 
     Attributes:
         point: where the cancel landed (None for the uncancelled run).
-        origin: one of `ORIGINS` ("" for the uncancelled run).
+        origin: one of `ORIGINS`, or "unwatched" ("" for the uncancelled run).
         landing: for an await, "as it returns", or during it: "interrupted" (the cancel's
             interrupt lands on it) or, in a shielded section, "while pending" (the cancel must
             wait for it); for a parked task, "alone" or "follow-up racing".
-        answer: what the cancel answered: a state, an A2A error's name, or "client left".
+        answer: what the cancel answered: a state, an A2A error's name, or "client left"
+            (for "unwatched", nobody asked: the client left).
         seen: the last state each observer saw: store, stream, subscriber, push, sender.
         failures: each broken promise, in words.
     """
@@ -177,19 +185,22 @@ async def sweep(
         executor_factory: makes the executor (an ``AgentExecutor``), once per run.
         message: the message that starts the task; or several, each next one answering the
             task when it parks for input (INPUT_REQUIRED, AUTH_REQUIRED).
-        origins: which of `ORIGINS` to cancel from.
+        origins: which of `ORIGINS` to cancel from; ``"unwatched"`` too, to see that the task
+            is cancelled once its sender's client leaves and nobody else watches it.
         grace_period: the handler's ``cancel_grace_period`` in these runs.
         released: ``released(executor)`` (may be async) is true once the executor has let go
             of what it holds (a claim, a lease); checked when the cancel returns.
 
     Raises:
-        ValueError: an origin that is not one of `ORIGINS`, a grace period that is not a
+        ValueError: an origin that is not one of `EVERY_ORIGIN`, a grace period that is not a
             positive number of seconds, or a factory that does not make an executor.
     """
     messages = [message] if isinstance(message, str) else list(message)
-    unknown = set(origins) - set(ORIGINS)
+    unknown = set(origins) - set(EVERY_ORIGIN)
     if unknown or not messages:
-        raise ValueError(f"origins must be among {ORIGINS}, not {sorted(unknown)}; and one message at least")
+        raise ValueError(
+            f"origins must be among {EVERY_ORIGIN}, not {sorted(unknown)}; and one message at least"
+        )
     check_setup(executor_factory, grace_period)
     plan = Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
     contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast)
@@ -250,6 +261,8 @@ def _spec(factory: Any) -> str:
 
 
 def landings_at(point: Point, origin: str) -> tuple[str, ...]:
+    if origin == "unwatched" and point.kind in ("parked", "ended"):
+        return ()  # Nothing runs there: a task nobody watches is left alone (by default).
     if point.kind == "await" and origin == "local":
         # During the await: the interrupt lands on it, or, shielded, must wait for it.
         return ("as it returns", "while pending" if point.shielded else "interrupted")
@@ -304,7 +317,7 @@ class Plan:
         interrupt = landing == "interrupted"
         probe = Probe(target=point.key, pending=landing in ("interrupted", "while pending"))
         bound = self.took + self.grace_period + MARGIN + BOUND
-        async with _World(self, probe) as world:
+        async with _World(self, probe, unwatched=origin == "unwatched") as world:
             conversation = asyncio.ensure_future(world.converse(bound, race=landing == "follow-up racing"))
             reached = asyncio.ensure_future(probe.reached.wait())
             await asyncio.wait({conversation, reached}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
@@ -318,7 +331,7 @@ class Plan:
             row.point = next(here for here in probe.points if here.key == point.key)  # This run's.
             await world.land(row, probe, origin, interrupt)
             await asyncio.wait({conversation}, timeout=bound)
-            parked = world.stream_parked or world.parked_stream
+            parked = not world.unwatched and (world.stream_parked or world.parked_stream)
             if parked and (world.stream_over or row.expected["answer"] != ("CANCELED",)):
                 row.expected["stream"] = (parked,)  # Its request had ended, parked.
             elif parked:  # It had the parked state: it may end there, as its request did.
@@ -333,8 +346,9 @@ class Plan:
 class _World:
     """One run's servers: replica A runs the task, replica B shares its store."""
 
-    def __init__(self, plan: Plan, probe: Probe) -> None:
+    def __init__(self, plan: Plan, probe: Probe, unwatched: bool = False) -> None:
         self.plan, self.probe = plan, probe
+        self.unwatched = unwatched  # No subscriber nor push config: the sender's client leaves.
         self.store = FinalStateTaskStore(InMemoryTaskStore())
         self.configs = InMemoryPushNotificationConfigStore()
         self.push = PushReceiver()
@@ -368,9 +382,10 @@ class _World:
             task_store=self.store,
             agent_card=card,
             push_config_store=self.configs,
-            push_sender=sender,
+            push_sender=None if self.unwatched else sender,  # Nobody to post to (1.0.0 would try "").
             cancel_grace_period=self.plan.grace_period,
             replica_poll_interval=poll,  # A run looks at every point: the probe sees to it.
+            cancel_unwatched_after=UNWATCHED_AFTER if self.unwatched and probe is not None else None,
             probe=probe,
         )
 
@@ -400,14 +415,15 @@ class _World:
     async def converse(self, bound: float, race: bool = False) -> None:
         """Send the first message streamed; answer each parking with the next, blocking."""
         configuration = SendMessageConfiguration()
-        configuration.task_push_notification_config.CopyFrom(
-            TaskPushNotificationConfig(url=PUSH_URL, id="sweep")
-        )
+        if not self.unwatched:
+            configuration.task_push_notification_config.CopyFrom(
+                TaskPushNotificationConfig(url=PUSH_URL, id="sweep")
+            )
         first = SendMessageRequest(message=message(self.plan.messages[0]), configuration=configuration)
         self.probe.visit = self._visit
         self.sender = self._stream("stream", self.a.on_message_send_stream(first, caller()))
         await self.sender.ended(bound)
-        self.task_id = next((_task_id(event) for event in self.sender.events), "")
+        self.task_id = next((_task_id(event) for event in self.sender.events), self.task_id)
         for number, text in enumerate(self.plan.messages[1:], start=1):
             state = await self.stored()
             if state not in PARKED:
@@ -426,7 +442,7 @@ class _World:
 
     async def _visit(self, point: Point) -> None:
         """At each point: once the task is stored, attach the subscriber (in every run alike)."""
-        if self.subscriber is not None or point.kind not in ("published", "parked"):
+        if self.unwatched or self.subscriber is not None or point.kind not in ("published", "parked"):
             return
         await wait_all_tasks_blocked()
         task_id = self.task_id or _run_task_id(self.probe)
@@ -470,6 +486,8 @@ class _World:
         if before in TERMINAL:
             expected = "TaskNotCancelable"
         applies = expected == "CANCELED"
+        if origin == "unwatched" and before in PARKED:
+            applies = False  # Stored as parked: left alone, as the option leaves it by default.
         run = probe.run if point.kind not in ("parked", "ended") else None
         # Past an await of its own (or before execute()), the run must notice before it starts
         # another: at a checkpoint or an event it publishes.
@@ -481,6 +499,13 @@ class _World:
         if origin == "remote":
             row.answer = await answer_or_hang(self._cancel(self.b), answer_bound)
             probe.open()
+        elif origin == "unwatched":  # Nobody asks: the option's clock must run out.
+            if run is not None and applies:
+                run.add_callback(probe.open)
+            else:
+                probe.open()
+            row.answer = "client left"
+            await self.leave(row, applies)
         else:
             request = asyncio.ensure_future(self._cancel(self.a))
             if run is not None and applies:
@@ -515,7 +540,7 @@ class _World:
             expected = row.answer  # Said once: the comparison need not say it again.
         if applies and run is not None:
             stop_by = max(answer_bound - took, 0.0) if origin != "local" else 0.0
-            if not await _set_within(probe.finished, stop_by):
+            if origin != "unwatched" and not await _set_within(probe.finished, stop_by):
                 row.failures.append("execute() still ran when the cancel returned: it ignored the cancel")
             cut = watched._self_cut
             if watched._self_called.is_set() and (cut is not None or not watched._self_returned.is_set()):
@@ -525,10 +550,48 @@ class _World:
                 )
         _expect(row, {"answer": (expected,)})
         _expect(row, {key: (final,) for key in self.observers() if key != "sender"})
-        if self.followed_up is not None:
+        if origin == "unwatched" and not applies:
+            # Nobody saw it: it parks, runs to its end, or, running on unwatched, is cancelled.
+            row.expected["store"] = (final, "CANCELED", *sorted(PARKED))
+        if self.followed_up is not None and not self.unwatched:
             row.expected["sender"] = (final, "UnsupportedOperation") if applies else (final,)
         if applies and row.answer != "HANG":
             await self.check_released(row, "the cancel returned")
+
+    async def leave(self, row: Row, applies: bool) -> None:
+        """The sender's client goes away (its stream's consumer, or a follow-up's blocking
+        sender, is cancelled) and nobody else watches: the task must be cancelled as unwatched
+        within the option's interval, the grace period and the margin."""
+        self.stop = True  # Nor does a follow-up come.
+        for going in (self.sender.task if self.sender is not None else None, self.followed_up):
+            if going is not None and not going.done():
+                going.cancel()
+        bound = UNWATCHED_AFTER + self.plan.grace_period + MARGIN
+        if not applies:  # The run goes on: to its end, to a parking, or to the option's cancel.
+            if not await _set_within(self.probe.finished, bound + self.plan.took):
+                row.failures.append(
+                    f"execute() still ran {bound + self.plan.took:.1f} s after its client left: nothing stopped it"
+                )
+            return
+        if not await _set_within(self.probe.finished, bound):
+            called = self.watched._self_called.is_set()
+            called_not = "" if called else f", and {self.name}.cancel() was not called"
+            row.failures.append(
+                f"execute() still ran {bound:g} s after its client left and nobody watched the task{called_not}"
+            )
+            self.probe.landed = False  # No cancel came: what it does next is not late.
+            self.probe.open()  # Let it go on: the row has said what went wrong.
+            return
+        if not self.watched._self_called.is_set():
+            row.failures.append(f"the task went unwatched and {self.name}.cancel() was not called")
+        else:  # Nobody waits for this cancel's answer: the row waits for its end (cut, if it hangs).
+            await _set_within(self.watched._self_returned, self.plan.grace_period + MARGIN)
+        await wait_all_tasks_blocked()
+        task = await self.a.on_get_task(GetTaskRequest(id=self.task_id), caller())
+        if task is not None and _sdk.state_name(task.status.state) == "CANCELED":
+            said = " ".join(part.text for part in task.status.message.parts)
+            if "nobody watched" not in said:
+                row.failures.append(f"the CANCELED task's status does not say nobody watched it: {said!r}")
 
     def _cancel(self, handler: DefaultRequestHandler) -> Awaitable[str]:
         return outcome(handler.on_cancel_task(CancelTaskRequest(id=self.task_id), caller()))
@@ -542,6 +605,8 @@ class _World:
     def observers(self) -> list[str]:
         """Who saw this run: the store, the sender's stream, push; a subscriber and a
         follow-up's blocking sender if there was one."""
+        if self.unwatched:
+            return ["store"]  # Its client left, and nobody else watched.
         present = ["store", "stream", "push"]
         return (
             present
@@ -552,7 +617,7 @@ class _World:
     async def observe(self, row: Row, probe: Probe) -> None:
         bound = self.plan.grace_period + MARGIN  # The cancel has answered: all ends by then.
         for name, stream in (("stream", self.sender), ("subscriber", self.subscriber)):
-            if stream is None:
+            if stream is None or self.unwatched:
                 continue
             ended = await stream.ended(bound)
             states = self.states[name]
@@ -563,7 +628,7 @@ class _World:
                 row.failures.append(
                     f"the {name} got {', '.join(states[ends[0] + 1 :])} after {states[ends[0]]}"
                 )
-        if self.followed_up is not None:
+        if self.followed_up is not None and not self.unwatched:
             await asyncio.wait({self.followed_up}, timeout=bound)
             row.seen["sender"] = self.followed_up.result() if self.followed_up.done() else "still waiting"
         await wait_all_tasks_blocked()

@@ -50,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         "--message", action="append", help="the message that starts the task; again for each follow-up"
     )
     sweep.add_argument(
-        "--origin", action="append", choices=("local", "remote", "client leaves"), help="only these origins"
+        "--origin",
+        action="append",
+        choices=("local", "remote", "client leaves", "unwatched"),
+        help="only these origins (unwatched: only when asked)",
     )
     sweep.add_argument("--grace-period", type=float, default=1.0, help="the handler's cancel_grace_period")
     sweep.add_argument(
