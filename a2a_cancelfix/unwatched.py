@@ -59,6 +59,9 @@ class Cancelling(Protocol):
     cancellations: Any
     handler: Any
 
+    def busy(self, task_id: str) -> bool:
+        """Whether an ``execute()`` of ``task_id`` runs here, or a cancel of it."""
+
     async def read(self, task_id: str, caller: ServerCallContext) -> Task | None:
         """The task as ``caller`` may see it."""
 
@@ -253,10 +256,16 @@ class Watchers:
             return
         if self._since.get(task_id) != since or task_id in self._open or task_id in lifecycle.cancellations:
             return  # Watched again, or being cancelled already.
-        if task is None or active is None or task.status.state in _sdk.TERMINAL_STATES:
+        if active is None or (task is not None and task.status.state in _sdk.TERMINAL_STATES):
             self._forget(task_id)
             return
-        if task.status.state in _sdk.PARKED_STATES and not self.parked_too:
+        if task is None or (task.status.state in _sdk.PARKED_STATES and not self.parked_too):
+            # Not stored yet, or parked in the store while a follow-up's execute() runs here and
+            # has not published WORKING yet: look again, or the clock would never run out.
+            if lifecycle.busy(task_id):
+                self._arm(task_id, asyncio.get_running_loop().time() + self.after)
+            elif task is None:
+                self._forget(task_id)
             return
         # A webhook watches it; one deleted later lets the clock run out again. A config with no
         # URL reaches nobody (a2a-sdk 1.0.0 stores an empty one for a message that set none).

@@ -289,3 +289,66 @@ def test_the_options_are_checked() -> None:
         Settings(cancel_unwatched_after="30")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Settings(cancel_unwatched_parked=True)
+
+
+class ResumedQuietly(ModelAgent):
+    """Parks at once; the follow-up's run calls the model before it publishes WORKING, until
+    ``publish`` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+        self.publish = asyncio.Event()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.runs += 1
+        self.task_id = context.task_id or ""
+        updater = TaskUpdater(event_queue, self.task_id, context.context_id or "")
+        if self.runs == 1:
+            await event_queue.enqueue_event(
+                new_task(self.task_id, context.context_id or "", TaskState.TASK_STATE_SUBMITTED)
+            )
+            await updater.requires_input()
+            return
+        unregister = on_cancel(self.cancelled)
+        try:
+            while not self.publish.is_set():  # Working, though the store still says INPUT_REQUIRED.
+                await self.model()
+            await updater.start_work()
+            while True:
+                await self.model()
+        finally:
+            unregister()
+            self.stopped.set()
+
+
+@pytest.mark.asyncio
+async def test_a_follow_up_run_that_publishes_late_is_still_watched_for() -> None:
+    """The clock runs out while the follow-up's run works but the store still says
+    INPUT_REQUIRED: the task is looked at again, and cancelled once it shows WORKING.
+
+    The store is read directly: the owner's GetTask would start the clock again."""
+    agent_ = ResumedQuietly()
+    a = make_server("ours", agent_, push=False, cancel_unwatched_after=AFTER)
+
+    async def state() -> str:
+        task = await a.store.get(agent_.task_id, caller())
+        return "nothing" if task is None else _sdk.state_name(task.status.state)
+
+    first = Stream(a.handler.on_message_send_stream(SendMessageRequest(message=message()), caller()))
+    assert await within(first.ended())  # Parked.
+    follow_up = SendMessageRequest(message=message("more", agent_.task_id))
+    follow_up.configuration.return_immediately = True
+    await within(a.handler.on_message_send(follow_up, caller()))
+    await within(agent_.busy.wait())
+    # Three intervals with the run working and the store parked: the clock ran out meanwhile.
+    assert not await set_within(agent_.cancel_called, QUIET)
+    assert await state() == "INPUT_REQUIRED"
+    agent_.publish.set()
+    await within(agent_.cancel_called.wait(), 2 * AFTER + 2.0)
+    await within(agent_.stopped.wait())
+
+    async def recorded() -> bool:
+        return await state() == "CANCELED"
+
+    await eventually(recorded)
