@@ -53,7 +53,6 @@ CANCELED = TaskState.TASK_STATE_CANCELED
 MISSING: list[str] = []
 
 
-
 def _private_module(name: str) -> ModuleType | None:
     """A release that moved a private module must not break a server at import: each is probed."""
     try:
@@ -138,6 +137,7 @@ async def _a_stream(*_: Any) -> AsyncGenerator[None, None]:
 
 # The code every validate_request_params wrapper shares, a coroutine's or a stream's.
 _PARAMS_CHECKS = {validate_request_params(f).__code__ for f in (_a_coroutine, _a_stream)}
+
 
 def check_streaming(handler: DefaultRequestHandlerV2) -> None:
     """Refuse a stream when the agent card says the agent does not stream, as the SDK does."""
@@ -410,7 +410,9 @@ async def force_close(active: LiveRun, timeout: float) -> None:
 
     Within ``timeout``, even when the work swallows its cancellation and so never ends.
     """
-    aclose: Callable[[], Awaitable[None]] | None = getattr(active, "aclose", None)  # ActiveTask.aclose: 1.1.2+
+    aclose: Callable[[], Awaitable[None]] | None = getattr(
+        active, "aclose", None
+    )  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
         # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
         await wait_done(keep(aclose()), deadline_in(timeout))

@@ -176,12 +176,12 @@ class Run:
             self._unshielded.set()
 
 
-_current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
-    "a2a_cancelfix_run", default=None
-)
+_current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar("a2a_cancelfix_run", default=None)
 
 
-def _probed(run: Run, probe: Probe, watch: Callable[[], Awaitable[None]] | None) -> Callable[[], Awaitable[None]]:
+def _probed(
+    run: Run, probe: Probe, watch: Callable[[], Awaitable[None]] | None
+) -> Callable[[], Awaitable[None]]:
     async def look() -> None:
         await probe.at_checkpoint()
         if watch is not None and not run.cancelled:

@@ -66,9 +66,7 @@ class CancellableExecutor(_ExecutorProxy):
             return executor
         return super().__new__(cls)
 
-    def __init__(
-        self, executor: AgentExecutor, *, grace_period: float = DEFAULT_GRACE_PERIOD
-    ) -> None:
+    def __init__(self, executor: AgentExecutor, *, grace_period: float = DEFAULT_GRACE_PERIOD) -> None:
         if executor is self:  # __new__ handed back an existing proxy: keep it as it is.
             return
         settings = Settings(cancel_grace_period=grace_period)

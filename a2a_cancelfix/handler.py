@@ -42,12 +42,12 @@ logger = logging.getLogger("a2a_cancelfix")
 # The SDK's methods without their spans: our overrides carry them. A message's request is
 # checked by our overrides, first: the SDK's own check is left out. Typed here: the SDK's
 # request validator, around each, returns a bare Callable.
-_sdk_send: Callable[[DefaultRequestHandlerV2, SendMessageRequest, ServerCallContext], Awaitable[Message | Task]] = (
-    _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send))
-)
-_sdk_stream: Callable[[DefaultRequestHandlerV2, SendMessageRequest, ServerCallContext], AsyncGenerator[Any, None]] = (
-    _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream))
-)
+_sdk_send: Callable[
+    [DefaultRequestHandlerV2, SendMessageRequest, ServerCallContext], Awaitable[Message | Task]
+] = _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send))
+_sdk_stream: Callable[
+    [DefaultRequestHandlerV2, SendMessageRequest, ServerCallContext], AsyncGenerator[Any, None]
+] = _sdk.unchecked(_sdk.untraced(DefaultRequestHandlerV2.on_message_send_stream))
 _sdk_subscribe: Callable[
     [DefaultRequestHandlerV2, SubscribeToTaskRequest, ServerCallContext], AsyncGenerator[Any, None]
 ] = _sdk.untraced(DefaultRequestHandlerV2.on_subscribe_to_task)
@@ -124,7 +124,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         solo = given if type(given) is InMemoryTaskStore else None  # Exactly the SDK's (see replicas).
         push_configs = arguments.arguments.get("push_config_store")
         self._lifecycle = Lifecycle(
-            agent_executor, settings, handler=self, store=store, solo=solo, push_configs=push_configs, probe=probe
+            agent_executor,
+            settings,
+            handler=self,
+            store=store,
+            solo=solo,
+            push_configs=push_configs,
+            probe=probe,
         )
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         if arguments.arguments.get("push_sender") is not None:
@@ -145,9 +151,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
-    async def on_cancel_task(
-        self, params: CancelTaskRequest, context: ServerCallContext
-    ) -> Task:
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task:
         """Cancel a task; return it CANCELED or raise an A2A error, within the grace bound.
 
         Raises:
@@ -160,9 +164,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         return await self._lifecycle.request(params.id, context)
 
     @_telemetry.traced_as_sdk
-    async def on_get_task(
-        self, params: GetTaskRequest, context: ServerCallContext
-    ) -> Task | None:
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         """Get a task, as the SDK does; its owner's read stops its unwatched clock (see
         ``cancel_unwatched_after``)."""
         task = await _sdk_get(self, params, context)
@@ -179,9 +181,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             await _sdk_close(self)
 
     @_telemetry.traced_as_sdk
-    async def on_message_send(
-        self, params: SendMessageRequest, context: ServerCallContext
-    ) -> Message | Task:
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
         """Send a message, as the SDK does; a task that ended or is being canceled refuses it,
         as does one that ended before a follow-up it had accepted was processed."""
         _sdk.check_required_fields(params)
@@ -189,7 +189,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             self._remote.listen()
         watchers = self._lifecycle.watchers
         # A blocking sender watches its task until it has its answer.
-        observer = None if watchers is None else watchers.open(params.message.task_id, params.message.message_id)
+        observer = (
+            None if watchers is None else watchers.open(params.message.task_id, params.message.message_id)
+        )
         try:
             if not params.message.task_id:
                 try:
@@ -307,7 +309,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             raise UnsupportedOperationError(
                 message=f"Task {task.id} is in terminal state {_state_name(task)}"
             )
-        if _sdk.SUPPORTED and not _sdk.streams_remote_tasks(self) and await _sdk.live_task(self, task.id) is None:
+        if (
+            _sdk.SUPPORTED
+            and not _sdk.streams_remote_tasks(self)
+            and await _sdk.live_task(self, task.id) is None
+        ):
             events = self._remote.follow(task, context)
         else:
             events = _sdk_subscribe(self, params, context)
@@ -332,7 +338,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
-    async def _end_being_recorded(self, task_id: str, context: ServerCallContext) -> TaskStatusUpdateEvent | None:
+    async def _end_being_recorded(
+        self, task_id: str, context: ServerCallContext
+    ) -> TaskStatusUpdateEvent | None:
         """The end of a stream of ``task_id`` that ended with no terminal event: where its run
         was closed while a cancel's CANCELED was still being written (the store slow, locked or
         failing), the end the store holds once the write is over; else None.
@@ -415,9 +423,7 @@ def _ended_first(params: SendMessageRequest, state: int) -> UnsupportedOperation
 
 
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
-    return UnsupportedOperationError(
-        message=f"Task {params.message.task_id} has ended or is being canceled"
-    )
+    return UnsupportedOperationError(message=f"Task {params.message.task_id} has ended or is being canceled")
 
 
 def _state_name(task: Task) -> str:

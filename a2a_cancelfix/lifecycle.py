@@ -94,11 +94,17 @@ class Settings:
         set_checked = functools.partial(object.__setattr__, self)
         set_checked("cancel_grace_period", _seconds("cancel_grace_period", self.cancel_grace_period))
         if self.replica_poll_interval is not None:
-            set_checked("replica_poll_interval", _seconds("replica_poll_interval", self.replica_poll_interval))
+            set_checked(
+                "replica_poll_interval", _seconds("replica_poll_interval", self.replica_poll_interval)
+            )
         if self.cancel_unwatched_after is not None:
-            set_checked("cancel_unwatched_after", _seconds("cancel_unwatched_after", self.cancel_unwatched_after))
+            set_checked(
+                "cancel_unwatched_after", _seconds("cancel_unwatched_after", self.cancel_unwatched_after)
+            )
         if not isinstance(self.cancel_unwatched_parked, bool):
-            raise TypeError(f"cancel_unwatched_parked must be True or False, not {self.cancel_unwatched_parked!r}")
+            raise TypeError(
+                f"cancel_unwatched_parked must be True or False, not {self.cancel_unwatched_parked!r}"
+            )
         if self.cancel_unwatched_parked and self.cancel_unwatched_after is None:
             raise ValueError("cancel_unwatched_parked needs cancel_unwatched_after")
         if self.on_parked not in ("cancel", "refuse"):
@@ -504,7 +510,9 @@ class Lifecycle:
         # was closed before its end was recorded waits for it (see `stored_end`).
         self.recording: dict[str, asyncio.Future[None]] = {}
         self.remote = (
-            None if handler is None else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
+            None
+            if handler is None
+            else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
         )
         after = settings.cancel_unwatched_after
         self.watchers = (
@@ -685,7 +693,9 @@ class Lifecycle:
         try:
             stored = await self.remote.read_for(context)
         except Exception:  # A store hiccup must not fail the run; the next look retries.
-            logger.warning("could not read task %s to look for a remote cancel", context.task_id, exc_info=True)
+            logger.warning(
+                "could not read task %s to look for a remote cancel", context.task_id, exc_info=True
+            )
             return
         if stored is not None and stored.status.state == CANCELED:
             await self.noticed_in_run(context, queue, stored)
@@ -801,7 +811,9 @@ class Lifecycle:
             return result
         if state == FAILED and cancellation.failure is not None:
             raise InternalError(message=f"The agent failed to cancel task {task.id}; the task has FAILED")
-        raise TaskNotCancelableError(message=f"Task {task.id} reached {_state_name(result)} before the cancel")
+        raise TaskNotCancelableError(
+            message=f"Task {task.id} reached {_state_name(result)} before the cancel"
+        )
 
     async def _cancel_live(
         self, cancellation: Cancellation, active: _sdk.LiveRun, task: Task, caller: ServerCallContext
@@ -818,7 +830,9 @@ class Lifecycle:
             return await self._write_canceled(cancellation, task.id, caller, after=closed, stopped=True)
         return result
 
-    async def _cancel_by_sdk(self, task_id: str, caller: ServerCallContext, cancellation: Cancellation) -> Task:
+    async def _cancel_by_sdk(
+        self, task_id: str, caller: ServerCallContext, cancellation: Cancellation
+    ) -> Task:
         """Defer to the SDK (1.2.0+ cancels a task not live here correctly), bounded."""
         call = asyncio.ensure_future(_sdk.sdk_cancel(self._handler, task_id, caller))
         # Not wait_for, which cancels it and waits for it to unwind: a write that waits for a
@@ -865,7 +879,9 @@ class Lifecycle:
             self.recording[task_id] = keep(self._record(cancellation, task_id, caller, after, stopped))
         writing, write_by = cancellation.writing, cancellation.write_by
         assert write_by is not None
-        if not await wait_patiently(functools.partial(wait_done, writing), write_by, write_by + LATENESS_LIMIT):
+        if not await wait_patiently(
+            functools.partial(wait_done, writing), write_by, write_by + LATENESS_LIMIT
+        ):
             cancellation.write_outlived = True
             logger.warning("task %s: the store has not recorded CANCELED in time; the write goes on", task_id)
             raise InternalError(

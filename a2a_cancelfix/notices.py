@@ -105,7 +105,9 @@ class PostgresNotices(CancelNotices):
     def check_store(self, store: Any) -> None:
         engine = _engine(store)
         if engine is None or engine.dialect.name != "postgresql":
-            raise TypeError("PostgresNotices announces in the transactions of a DatabaseTaskStore on PostgreSQL")
+            raise TypeError(
+                "PostgresNotices announces in the transactions of a DatabaseTaskStore on PostgreSQL"
+            )
 
     async def announce_in(self, session: Any, task_id: str) -> None:
         import sqlalchemy as sa
@@ -144,7 +146,9 @@ class PostgresNotices(CancelNotices):
                 connection.remove_termination_listener(terminated)
             await connection.remove_listener(self.channel, notified)
 
-    async def _ids(self, ids: asyncio.Queue[str | BaseException], connection: Any) -> AsyncIterator[str | None]:
+    async def _ids(
+        self, ids: asyncio.Queue[str | BaseException], connection: Any
+    ) -> AsyncIterator[str | None]:
         yield None
         while True:
             try:
@@ -241,7 +245,9 @@ def notices_for(store: Any, notices: Any) -> CancelNotices | None:
     elif not isinstance(notices, CancelNotices) and callable(getattr(notices, "pubsub", None)):
         notices = RedisNotices(notices)
     if not isinstance(notices, CancelNotices):
-        raise TypeError(f"notices must be 'postgres', a redis.asyncio.Redis or CancelNotices, not {notices!r}")
+        raise TypeError(
+            f"notices must be 'postgres', a redis.asyncio.Redis or CancelNotices, not {notices!r}"
+        )
     notices.check_store(store)
     return notices
 

@@ -170,7 +170,9 @@ class RemoteCancels:
             self.refused_tasks.popitem(last=False)
         self.noticed(task_id)
         lifecycle = self.lifecycle
-        if not (task_id in lifecycle.works or task_id in lifecycle.cancellations or task_id in lifecycle.parked):
+        if not (
+            task_id in lifecycle.works or task_id in lifecycle.cancellations or task_id in lifecycle.parked
+        ):
             # Its execute() has returned (its cancel too, if it had one): nothing of ours ends
             # it, and the SDK's own teardown of it may never end (see Lifecycle.close_run).
             keep(lifecycle.close_run(task_id))
@@ -306,7 +308,9 @@ class RemoteCancels:
         try:
             stored = await _sdk.read_task(self.handler, task_id, caller)
         except Exception:  # A store hiccup must not end the looking; the next look retries.
-            logger.warning("could not read parked task %s to look for a remote cancel", task_id, exc_info=True)
+            logger.warning(
+                "could not read parked task %s to look for a remote cancel", task_id, exc_info=True
+            )
             return
         if parked.get(task_id) is not caller:
             # Resumed or cancelled here meanwhile. A resumed run looks no sooner than its next

@@ -95,9 +95,7 @@ _Announce = Callable[[Any, str], Awaitable[None]]
 
 # The stored ``status.state``: the enum name (1.0 rows), or the v0.3 value ('canceled').
 _TERMINAL_NAMES = sorted(
-    name
-    for state in TERMINAL_STATES
-    for name in (TaskState.Name(state), _sdk.state_name(state).lower())
+    name for state in TERMINAL_STATES for name in (TaskState.Name(state), _sdk.state_name(state).lower())
 )
 
 
@@ -381,7 +379,9 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
             if event is not None:
                 entry = _sdk.journal_entry(event)
                 await session.execute(
-                    sa.insert(journal).values(task_id=task.id, owner=owner, task_version=new_version, event_data=entry)
+                    sa.insert(journal).values(
+                        task_id=task.id, owner=owner, task_version=new_version, event_data=entry
+                    )
                 )
             if task.status.state == CANCELED:
                 await announce_in(session, task.id)

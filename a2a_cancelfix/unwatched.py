@@ -43,7 +43,9 @@ WATCHED = "watched:"
 _PAYLOAD = 7000
 
 # The watchers of each in-process store, by store: they tell each other what they watch.
-_sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[Watchers]] = weakref.WeakKeyDictionary()
+_sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[Watchers]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class Hearing(Protocol):

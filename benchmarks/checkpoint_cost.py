@@ -51,7 +51,9 @@ def main(quick: bool) -> None:
     outside = min(timeit.repeat(checkpoint, number=count, repeat=5)) / count
     per_await = asyncio.run(awaited(count))
     print(f"empty function call (reference)     {baseline * 1e9:7.1f} ns")
-    print(f"checkpoint(), no cancel pending     {idle * 1e9:7.1f} ns  ({ratio(idle, baseline)} x a call; target < 1000 ns)")
+    print(
+        f"checkpoint(), no cancel pending     {idle * 1e9:7.1f} ns  ({ratio(idle, baseline)} x a call; target < 1000 ns)"
+    )
     print(f"await checkpoint(), no cancel       {per_await * 1e9:7.1f} ns")
     print(f"checkpoint() outside any run        {outside * 1e9:7.1f} ns")
     print(f"checkpoint() raising, cancel pending {raised * 1e9:6.1f} ns (raise and catch RunCancelled)")

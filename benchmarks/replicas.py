@@ -47,7 +47,11 @@ async def databases(kind: str):
     admin = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/test")
     await admin.execute(f'CREATE SCHEMA "{schema}"')
     await admin.close()
-    return "postgresql+asyncpg://postgres@127.0.0.1:5432/test", {"server_settings": {"search_path": schema}}, schema
+    return (
+        "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+        {"server_settings": {"search_path": schema}},
+        schema,
+    )
 
 
 async def drop(schema: str | None) -> None:
@@ -232,26 +236,34 @@ async def audit(engine) -> None:
     async with engine.begin() as connection:
         await connection.execute(sa.text("CREATE TABLE audit (id TEXT, was TEXT, now TEXT)"))
         if engine.dialect.name == "sqlite":
-            await connection.execute(sa.text(
-                "CREATE TRIGGER audit_tasks AFTER UPDATE ON tasks BEGIN INSERT INTO audit VALUES "
-                "(new.id, json_extract(old.status, '$.state'), json_extract(new.status, '$.state')); END"
-            ))
+            await connection.execute(
+                sa.text(
+                    "CREATE TRIGGER audit_tasks AFTER UPDATE ON tasks BEGIN INSERT INTO audit VALUES "
+                    "(new.id, json_extract(old.status, '$.state'), json_extract(new.status, '$.state')); END"
+                )
+            )
         else:
-            await connection.execute(sa.text(
-                "CREATE FUNCTION audit_tasks() RETURNS trigger AS $$ BEGIN INSERT INTO audit VALUES "
-                "(NEW.id, OLD.status::json->>'state', NEW.status::json->>'state'); RETURN NEW; END $$ "
-                "LANGUAGE plpgsql"
-            ))
-            await connection.execute(sa.text(
-                "CREATE TRIGGER audit_tasks AFTER UPDATE ON tasks FOR EACH ROW EXECUTE FUNCTION audit_tasks()"
-            ))
+            await connection.execute(
+                sa.text(
+                    "CREATE FUNCTION audit_tasks() RETURNS trigger AS $$ BEGIN INSERT INTO audit VALUES "
+                    "(NEW.id, OLD.status::json->>'state', NEW.status::json->>'state'); RETURN NEW; END $$ "
+                    "LANGUAGE plpgsql"
+                )
+            )
+            await connection.execute(
+                sa.text(
+                    "CREATE TRIGGER audit_tasks AFTER UPDATE ON tasks FOR EACH ROW EXECUTE FUNCTION audit_tasks()"
+                )
+            )
 
 
 async def _overwrites(engine) -> int:
     """Updates that replaced a terminal state with another state."""
     names = ", ".join(f"'{name}'" for name in _TERMINAL)
     async with engine.connect() as connection:
-        rows = await connection.execute(sa.text(f"SELECT count(*) FROM audit WHERE was IN ({names}) AND now != was"))
+        rows = await connection.execute(
+            sa.text(f"SELECT count(*) FROM audit WHERE was IN ({names}) AND now != was")
+        )
         return rows.scalar_one()
 
 
@@ -259,7 +271,9 @@ def main(quick: bool) -> None:
     samples = 10 if quick else 40
     rounds = 20 if quick else 100
     header(f"cancel across replicas: B cancels, A (checkpoint every {STEP * 1e3:.0f} ms) notices")
-    configurations = [(kind, "poll", interval) for kind in ("sqlite", "postgresql") for interval in (0.1, 0.5, 1.0)]
+    configurations = [
+        (kind, "poll", interval) for kind in ("sqlite", "postgresql") for interval in (0.1, 0.5, 1.0)
+    ]
     configurations += [("postgresql", "notify", 1.0), ("sqlite", "redis", 1.0), ("postgresql", "redis", 1.0)]
     for kind, mode, interval in configurations:
         latencies = in_own_loop(observation, kind, mode, interval, samples)
@@ -270,7 +284,9 @@ def main(quick: bool) -> None:
             f"{kind:10} {how:30}: A notices p50 {p50 * 1e3:6.1f} ms, p99 {p99 * 1e3:6.1f} ms; "
             f"{reads:.2f} store reads per running task per second"
         )
-    header(f"cancel racing completion, {rounds} races each: cancels won, answers unlike the store, overwrites")
+    header(
+        f"cancel racing completion, {rounds} races each: cancels won, answers unlike the store, overwrites"
+    )
     setups = ["readme"] + (["cluster"] if _sdk.HAS_CLUSTER else [])
     for setup in setups:
         for kind in ("sqlite", "postgresql"):

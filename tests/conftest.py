@@ -12,6 +12,7 @@ def pytest_report_header() -> str:
     )
     return f"python {sys.version.split()[0]}; {versions}"
 
+
 pytest_plugins = ["pytester"]
 
 

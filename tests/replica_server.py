@@ -91,7 +91,9 @@ def build(url: str, schema: str | None) -> Starlette:
     executor = StepExecutor()
     configs = InMemoryPushNotificationConfigStore()
     card = AgentCard(
-        name="replica", description="test replica", version="1",
+        name="replica",
+        description="test replica",
+        version="1",
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
     )
     handler = DefaultRequestHandler(

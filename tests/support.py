@@ -42,5 +42,3 @@ def logged(text: str, logger: str = "a2a_cancelfix") -> Iterator[asyncio.Event]:
         yield event
     finally:
         logging.getLogger(logger).removeHandler(handler)
-
-

@@ -314,7 +314,9 @@ async def test_shielded_write_finishes_before_the_claim_is_released(kind: str) -
 
 
 @pytest.mark.asyncio
-async def test_a_shield_that_never_ends_is_bounded_by_the_grace_period(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_shield_that_never_ends_is_bounded_by_the_grace_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A shielded section cannot hold the cancel past the grace period; cutting it is a WARNING
     that names the executor, the task and where the section was cut."""
     server = make_server("ours", WritingExecutor())
@@ -420,7 +422,9 @@ class ReleasingExecutor(ScriptedExecutor):
 @pytest.mark.parametrize("cancel_mode", [None, "io", "publish"], ids=["empty", "io", "publish"])
 @pytest.mark.parametrize("stopped_by", ["on_cancel", "checkpoint", "plain await"])
 @pytest.mark.asyncio
-async def test_cleanup_the_work_has_begun_runs_to_its_end(stopped_by: str, cancel_mode: str | None, release: float) -> None:
+async def test_cleanup_the_work_has_begun_runs_to_its_end(
+    stopped_by: str, cancel_mode: str | None, release: float
+) -> None:
     """However the work is stopped, a release it has begun in ``__aexit__`` is not interrupted:
     the framework interrupts only a run still suspended where the cancel found it."""
     server = make_server("ours", ReleasingExecutor(stopped_by, cancel_mode, release))

@@ -276,7 +276,9 @@ async def test_a_completion_racing_a_cancel_never_overwrites_it(database: Databa
     await within(gate.reached.wait())
 
     async def a_completes() -> Any:
-        return await a.save(completed, event=status(completed), prev=working, prev_version=version, context=alice)
+        return await a.save(
+            completed, event=status(completed), prev=working, prev_version=version, context=alice
+        )
 
     unlocked = kind == "stock" and database.url.startswith("sqlite")
     if unlocked:
@@ -371,15 +373,25 @@ async def test_a_refused_save_writes_nothing_and_answers_as_the_sdk_expects(data
     ours, _ = await versioned(database, "ours")
     alice = caller("alice")
     working, canceled = task_in(WORKING), task_in(CANCELED)
-    first = await ours.save(working, event=status(working), prev=None, prev_version=TaskVersion.MISSING, context=alice)
-    version = await ours.save(canceled, event=status(canceled), prev=working, prev_version=first, context=alice)
+    first = await ours.save(
+        working, event=status(working), prev=None, prev_version=TaskVersion.MISSING, context=alice
+    )
+    version = await ours.save(
+        canceled, event=status(canceled), prev=working, prev_version=first, context=alice
+    )
     before = await ours.get("task-1", alice)
     for late in (task_in(COMPLETED), task_in(TaskState.TASK_STATE_FAILED)):
         with pytest.raises(ConcurrentTaskModificationError):
             await ours.save(late, event=status(late), prev=canceled, prev_version=version, context=alice)
     for stale in (first, version):
-        assert await ours.save(working, event=status(working), prev=None, prev_version=stale, context=alice) == version
-        assert await ours.save(canceled, event=status(canceled), prev=None, prev_version=stale, context=alice) == version
+        assert (
+            await ours.save(working, event=status(working), prev=None, prev_version=stale, context=alice)
+            == version
+        )
+        assert (
+            await ours.save(canceled, event=status(canceled), prev=None, prev_version=stale, context=alice)
+            == version
+        )
     assert await ours.get("task-1", alice) == before
     assert await journal(database) == [1, 2]
 
@@ -415,7 +427,9 @@ async def test_a_recorded_cancel_is_announced_and_a_refused_save_told(database: 
     told: list[str] = []
     store.on_final.append(told.append)
     alice, working, canceled = caller("alice"), task_in(WORKING), task_in(CANCELED)
-    version = await store.save(working, event=None, prev=None, prev_version=TaskVersion.MISSING, context=alice)
+    version = await store.save(
+        working, event=None, prev=None, prev_version=TaskVersion.MISSING, context=alice
+    )
     assert notices.said == [] and told == []
     await store.save(canceled, event=status(canceled), prev=working, prev_version=version, context=alice)
     assert notices.said == [("in the transaction", "task-1"), ("after commit", "task-1")]
@@ -443,7 +457,9 @@ async def test_concurrent_completions_and_cancels_end_each_task_once(database: D
     versions = {}
     for n in range(ROUNDS):
         working = task_in(WORKING, f"task-{n}")
-        versions[n] = await a.save(working, event=None, prev=None, prev_version=TaskVersion.MISSING, context=alice)
+        versions[n] = await a.save(
+            working, event=None, prev=None, prev_version=TaskVersion.MISSING, context=alice
+        )
 
     async def end(store: Any, n: int, state: int) -> bool:
         task = task_in(state, f"task-{n}")
@@ -524,8 +540,14 @@ async def test_notices_reach_a_run_that_saves_nothing(tmp_path: Path) -> None:
             await stream.initialize()
             store = FinalStateTaskStore(sdk_store, notices="postgres")
             servers.append(
-                make_server("ours", ScriptedExecutor(), store=store, event_stream=stream,
-                            replica_poll_interval=3600, cancel_grace_period=BOUND)
+                make_server(
+                    "ours",
+                    ScriptedExecutor(),
+                    store=store,
+                    event_stream=stream,
+                    replica_poll_interval=3600,
+                    cancel_grace_period=BOUND,
+                )
             )
         a, b = servers
         sent = await start(a)

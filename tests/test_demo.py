@@ -61,4 +61,7 @@ async def test_a_cancel_through_the_demo_ends_canceled_and_is_logged(monkeypatch
         assert json.loads(cancelled.text)["status"]["state"] == "TASK_STATE_CANCELED"
         again = await client.post(f"/rest/tasks/{task_id}:cancel", headers=headers)
         assert again.status_code == (409 if demo_sdk_maps_to_conflict() else 400)
-    assert any(f"cancel task={task_id}" in r.getMessage() and "outcome=CANCELED" in r.getMessage() for r in caplog.records)
+    assert any(
+        f"cancel task={task_id}" in r.getMessage() and "outcome=CANCELED" in r.getMessage()
+        for r in caplog.records
+    )

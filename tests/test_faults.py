@@ -129,7 +129,11 @@ async def test_a_locked_row_does_not_hold_a_live_cancel_past_its_bound(kind: str
         assert stream.last == "CANCELED" or isinstance(stream.error, InternalError), stream.last
         await eventually(lambda: _closed(server, task_id))
 
-    async with open_database(kind, tmp_path / "stock") if kind == "postgresql" else _fresh_sqlite(tmp_path) as database:
+    async with (
+        open_database(kind, tmp_path / "stock")
+        if kind == "postgresql"
+        else _fresh_sqlite(tmp_path) as database
+    ):
         store, writes = guarded(database)
         server = make_server("stock", ScriptedExecutor(), store=store)
         stream = await start(server)
@@ -206,7 +210,11 @@ async def _fresh_sqlite(tmp_path: Path) -> AsyncIterator[Database]:
 
 
 def _sqlite_dir(database: Database, tmp_path: Path) -> Path:
-    return Path(database.url.removeprefix("sqlite+aiosqlite:///")).parent if "sqlite" in database.url else tmp_path
+    return (
+        Path(database.url.removeprefix("sqlite+aiosqlite:///")).parent
+        if "sqlite" in database.url
+        else tmp_path
+    )
 
 
 async def _stored_is(server: Any, task_id: str, state: str) -> bool:
@@ -223,7 +231,9 @@ async def test_a_statement_timeout_on_the_canceled_write_leaves_no_task_working_
     Before, the task stayed WORKING with nothing running anywhere."""
     async with open_database("postgresql", tmp_path) as database:
         settings = {**database.connect_args["server_settings"], "statement_timeout": "300ms"}
-        engine = create_async_engine(database.url, connect_args={**database.connect_args, "server_settings": settings})
+        engine = create_async_engine(
+            database.url, connect_args={**database.connect_args, "server_settings": settings}
+        )
         database.engines.append(engine)
         writes = Writes(engine)
         server = make_server("ours", ScriptedExecutor(), store=FinalStateTaskStore(DatabaseTaskStore(engine)))
@@ -244,7 +254,9 @@ async def test_a_statement_timeout_on_the_canceled_write_leaves_no_task_working_
 
     async with open_database("postgresql", tmp_path) as database:  # Stock, its cancel() publishing CANCELED.
         settings = {**database.connect_args["server_settings"], "statement_timeout": "300ms"}
-        engine = create_async_engine(database.url, connect_args={**database.connect_args, "server_settings": settings})
+        engine = create_async_engine(
+            database.url, connect_args={**database.connect_args, "server_settings": settings}
+        )
         database.engines.append(engine)
         writes = Writes(engine)
         store = FinalStateTaskStore(DatabaseTaskStore(engine))

@@ -82,7 +82,9 @@ async def test_handlers_sharing_a_wrapped_executor_each_keep_their_grace_period(
     sent = Stream(quick.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     await sent.until(lambda: sent.last == "WORKING")
     # Within its own 0.2 s and the SDK's margin: the slow handler's 4 s would fail here.
-    assert await within(cancel(quick, quick.executor.task_id), 0.2 + lifecycle_module.MARGIN + 1.0) == "CANCELED"
+    assert (
+        await within(cancel(quick, quick.executor.task_id), 0.2 + lifecycle_module.MARGIN + 1.0) == "CANCELED"
+    )
 
 
 @pytest.mark.parametrize(
@@ -119,7 +121,9 @@ async def test_return_policy_makes_cancel_idempotent() -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("mode", "answer", "state"), [("hang", "CANCELED", "CANCELED"), ("raise", "Internal", "FAILED")])
+@pytest.mark.parametrize(
+    ("mode", "answer", "state"), [("hang", "CANCELED", "CANCELED"), ("raise", "Internal", "FAILED")]
+)
 async def test_misbehaving_cancel_is_bounded_and_named(mode: str, answer: str, state: str, caplog) -> None:
     """A hanging cancel() ends CANCELED in time, a raising one FAILED (as upstream) with an A2A
     error; the stream sees it, and a warning names the executor."""
@@ -423,7 +427,9 @@ async def test_a_loop_running_late_does_not_force_a_run_the_sdk_is_recording(
 @pytest.mark.parametrize("streamed", [False, True], ids=["blocking", "streamed"])
 @pytest.mark.parametrize("kind", ["stock", "ours"])
 @pytest.mark.asyncio
-async def test_a_follow_up_the_task_ended_before_processing_is_refused_not_dropped(kind: str, streamed: bool) -> None:
+async def test_a_follow_up_the_task_ended_before_processing_is_refused_not_dropped(
+    kind: str, streamed: bool
+) -> None:
     """A follow-up accepted while the task works, whose task then completes: stock runs
     ``execute()`` again on the COMPLETED task; ours never reports success for a message nobody
     processed: its sender gets UnsupportedOperationError, and the task stays COMPLETED."""
@@ -464,7 +470,11 @@ class SlowWebhook:
         self.client = httpx.AsyncClient(transport=httpx.MockTransport(self._receive))
 
     async def _receive(self, request: httpx.Request) -> httpx.Response:
-        state = json.loads(request.content)["statusUpdate"]["status"]["state"] if b"statusUpdate" in request.content else "?"
+        state = (
+            json.loads(request.content)["statusUpdate"]["status"]["state"]
+            if b"statusUpdate" in request.content
+            else "?"
+        )
         if state == "TASK_STATE_WORKING" and not self.held.reached.is_set():
             await self.held()
         self.received.append(state.removeprefix("TASK_STATE_"))

@@ -163,7 +163,9 @@ async def play(setup: dict, steps: list) -> None:
             happened.streams.append(("subscriber", Stream(subscription)))
         elif step == "resume":
             resume = SendMessageRequest(message=message("more", task_id=task_id))
-            happened.senders.append(("resume", asyncio.ensure_future(handler.on_message_send(resume, caller()))))
+            happened.senders.append(
+                ("resume", asyncio.ensure_future(handler.on_message_send(resume, caller())))
+            )
         elif step == "resume stream":
             resume = SendMessageRequest(message=message("more", task_id=task_id))
             happened.streams.append(("resume", Stream(handler.on_message_send_stream(resume, caller()))))

@@ -88,7 +88,14 @@ def lifecycle_of(server):
 
 @pytest.mark.parametrize(
     ("value", "error"),
-    [(math.nan, ValueError), (math.inf, ValueError), (0, ValueError), (-1.0, ValueError), ("5", TypeError), (True, TypeError)],
+    [
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (0, ValueError),
+        (-1.0, ValueError),
+        ("5", TypeError),
+        (True, TypeError),
+    ],
     ids=["nan", "inf", "zero", "negative", "string", "bool"],
 )
 def test_seconds_options_refuse_anything_but_a_finite_positive_number(value, error) -> None:
@@ -185,7 +192,9 @@ async def test_the_sdks_margin_is_fixed_by_the_first_wait(monkeypatch: pytest.Mo
     the margin counts once, from when the work first stopped, not again from each wait."""
     clock = [100.0]
     monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: clock[0])
-    cancellation = Lifecycle(ScriptedExecutor(), Settings(cancel_grace_period=1.0)).begin("task")  # Deadline 101.
+    cancellation = Lifecycle(ScriptedExecutor(), Settings(cancel_grace_period=1.0)).begin(
+        "task"
+    )  # Deadline 101.
     asked: list[float] = []
 
     async def wait(deadline: float) -> bool:

@@ -50,7 +50,10 @@ async def test_mass_cancel_ends_everything_and_leaks_nothing() -> None:
     kept = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     assert kept < 512 * COUNT * ROUNDS, f"{kept} bytes kept after {COUNT * ROUNDS} cancels"
     assert _live(ActiveTask) == runs_before and _live(Run) == 0
-    assert server.handler.agent_executor.cancel_lifecycle.cancellations == {} and server.handler.agent_executor.cancel_lifecycle.works == {}
+    assert (
+        server.handler.agent_executor.cancel_lifecycle.cancellations == {}
+        and server.handler.agent_executor.cancel_lifecycle.works == {}
+    )
 
 
 async def _round(server, count: int) -> set[str]:

@@ -160,8 +160,12 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
         await _need_redis()
     async with open_database("postgresql" if kind == "postgres" else "sqlite", tmp_path) as database:
         made = Replicas(
-            kind=kind, database=database, channel=f"a2acf_{uuid.uuid4().hex[:12]}",
-            listening=[], closers=[], servers=[],
+            kind=kind,
+            database=database,
+            channel=f"a2acf_{uuid.uuid4().hex[:12]}",
+            listening=[],
+            closers=[],
+            servers=[],
         )
         try:
             yield made
@@ -295,7 +299,8 @@ class Reporting(ScriptedExecutor):
         await self.step()
         await self.queue.enqueue_event(
             TaskArtifactUpdateEvent(
-                task_id=self.task_id or "", context_id=self.context_id,
+                task_id=self.task_id or "",
+                context_id=self.context_id,
                 artifact=Artifact(artifact_id="report", parts=[Part(text="late")]),
             )
         )
@@ -366,7 +371,9 @@ async def test_a_notice_redis_cannot_take_is_logged_and_the_cancel_stands(tmp_pa
         store = FinalStateTaskStore(DatabaseTaskStore(database.engine()))
         a = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=HOUR)
         await start(a)
-        b_store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=RedisNotices(down, heartbeat=0.5))
+        b_store = FinalStateTaskStore(
+            DatabaseTaskStore(database.engine()), notices=RedisNotices(down, heartbeat=0.5)
+        )
         b = make_server("ours", ScriptedExecutor(), store=b_store, replica_poll_interval=HOUR)
         lost = Warned("could not announce the cancel")
         logging.getLogger("a2a_cancelfix").addHandler(lost)
@@ -519,7 +526,9 @@ async def test_with_redis_gone_while_listening_polling_keeps_its_interval(tmp_pa
 
         # No retries inside redis-py: each of the listener's reconnects fails at once.
         port = await proxy.start()
-        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+        client = redis.Redis(
+            host="127.0.0.1", port=port, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
         notices = RedisNotices(client, f"a2acf_{uuid.uuid4().hex[:12]}")
         listening = Listening(notices)
         store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices)

@@ -72,7 +72,9 @@ async def test_a_subclass_defined_before_patch_gets_ours(patched: None) -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_handler_a_helper_module_builds_gets_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_handler_a_helper_module_builds_gets_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module that imported the SDK's class by name before patch() builds ours after it."""
     (tmp_path / "builds_handlers.py").write_text(
         "from a2a.server.request_handlers import DefaultRequestHandler\n\n"

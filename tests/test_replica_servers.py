@@ -47,8 +47,12 @@ class Replica:
     async def start(cls, url: str, schema: str | None, **environment: str) -> Replica:
         arguments = [str(SERVER), url] + ([schema] if schema else [])
         process = await asyncio.create_subprocess_exec(
-            sys.executable, *arguments, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            cwd=str(SERVER.parent.parent), env={**os.environ, **environment},
+            sys.executable,
+            *arguments,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=str(SERVER.parent.parent),
+            env={**os.environ, **environment},
         )
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         if not line.startswith(b"READY "):
@@ -75,7 +79,9 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
 
 
 @contextlib.asynccontextmanager
-async def replicas(database: tuple[str, str | None], count: int, **environment: str) -> AsyncIterator[list[Replica]]:
+async def replicas(
+    database: tuple[str, str | None], count: int, **environment: str
+) -> AsyncIterator[list[Replica]]:
     starting = (Replica.start(*database, **environment) for _ in range(count))
     outcomes = await asyncio.gather(*starting, return_exceptions=True)
     started = [outcome for outcome in outcomes if isinstance(outcome, Replica)]
@@ -92,7 +98,9 @@ async def send_streaming(client: httpx.AsyncClient, url: str, push_url: str | No
     """A streaming SendMessage over JSON-RPC, as plain HTTP: the Task and updates it streams."""
     configuration = {"taskPushNotificationConfig": {"url": push_url, "id": "p1"}} if push_url else {}
     request = {
-        "jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendStreamingMessage",
         "params": {
             "message": {"role": "ROLE_USER", "messageId": uuid.uuid4().hex, "parts": [{"text": "go"}]},
             "configuration": configuration,
@@ -182,7 +190,9 @@ async def test_in_cluster_mode_a_cancel_through_another_replica_reaches_the_runn
 
     url, schema = database
     # The versions and journal tables, before the replicas race to make them.
-    engine = create_async_engine(url, connect_args={"server_settings": {"search_path": schema}} if schema else {})
+    engine = create_async_engine(
+        url, connect_args={"server_settings": {"search_path": schema}} if schema else {}
+    )
     await VersionedDatabaseTaskStore(engine).initialize()
     await DatabaseTaskEventStream(engine).initialize()
     await engine.dispose()

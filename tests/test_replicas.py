@@ -237,7 +237,10 @@ async def test_a_parked_task_whose_run_closed_here_is_forgotten() -> None:
     """A parked run the SDK closes (a2a-sdk 1.3's idle timeout, a teardown) has nothing left
     here to tell: the replica stops looking at its task, which may stay parked for good."""
     a = make_server(
-        "ours", ScriptedExecutor(park=True), store=FinalStateTaskStore(InMemoryTaskStore()), replica_poll_interval=0.01
+        "ours",
+        ScriptedExecutor(park=True),
+        store=FinalStateTaskStore(InMemoryTaskStore()),
+        replica_poll_interval=0.01,
     )
     await start(a)
     task_id = a.executor.task_id or ""

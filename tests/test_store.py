@@ -309,9 +309,7 @@ async def test_memory_store_without_copying_keeps_the_saved_object() -> None:
 
 
 @pytest.mark.asyncio
-async def test_legacy_v03_rows_are_final_too(
-    database: Database, refusals: list[logging.LogRecord]
-) -> None:
+async def test_legacy_v03_rows_are_final_too(database: Database, refusals: list[logging.LogRecord]) -> None:
     """A row stored in the v0.3 format (state 'canceled') is recognised as terminal."""
     engine = database.engine()
     bare = DatabaseTaskStore(engine, core_to_model_conversion=core_to_compat_task_model)
@@ -393,7 +391,6 @@ def test_other_stores_are_refused_at_construction() -> None:
         FinalStateTaskStore(Custom())
 
 
-
 class Audited(FinalStateTaskStore):
     """A subclass as users write one: an argument of its own, and a method it extends."""
 
@@ -448,7 +445,6 @@ async def test_a_subclass_wraps_every_store(any_sdk_store: Any) -> None:
         stored = await store.get("task-1", alice)
     assert stored.status.state == CANCELED
     assert store.reads == ["task-1"]
-
 
 
 @pytest.mark.asyncio
@@ -640,8 +636,6 @@ async def test_race_between_processes_keeps_the_first_terminal_write(
         ops = {role: results[role][n]["ops"] for role in results}
         winners[check_round(f"round {n} (seed {seed})", final, ops)] += 1
         runner, canceler = results["runner"][n], results["canceler"][n]
-        overlapping += max(runner["started"], canceler["started"]) < min(
-            runner["ended"], canceler["ended"]
-        )
+        overlapping += max(runner["started"], canceler["started"]) < min(runner["ended"], canceler["ended"])
     # The writers really ran at once (CLOCK_MONOTONIC is one clock for all processes).
     assert overlapping >= ROUNDS // 2, (overlapping, winners)

@@ -169,8 +169,6 @@ async def parked(bench: Bench) -> str:
     return await cancel(server, server.executor.task_id or "")
 
 
-
-
 async def message_to_finished(bench: Bench) -> str:
     server = await bench.server(ScriptedExecutor())
     stream = await start(server)

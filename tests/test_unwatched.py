@@ -206,8 +206,9 @@ async def test_a_parked_task_is_left_alone_unless_asked(parked_too: bool) -> Non
     """A parked task runs nothing: kept by default; ``cancel_unwatched_parked`` cancels it."""
     from a2a_cancelfix.testing import ScriptedExecutor, start
 
-    a = make_server("ours", ScriptedExecutor(park=True), cancel_unwatched_after=AFTER,
-                    cancel_unwatched_parked=parked_too)
+    a = make_server(
+        "ours", ScriptedExecutor(park=True), cancel_unwatched_after=AFTER, cancel_unwatched_parked=parked_too
+    )
     stream = await start(a)
     assert await within(stream.ended())  # The sender's stream ends as the task parks.
     called = await set_within(a.executor.cancel_called, QUIET)
@@ -226,8 +227,12 @@ async def test_the_observer_on_another_replica_in_process() -> None:
     leaves, A cancels it."""
     store = InMemoryTaskStore()
     a = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(store))
-    b = make_server("ours", ModelAgent(), store=FinalStateTaskStore(store),  # type: ignore[arg-type]
-                    cancel_unwatched_after=AFTER)
+    b = make_server(
+        "ours",
+        ModelAgent(),
+        store=FinalStateTaskStore(store),  # type: ignore[arg-type]
+        cancel_unwatched_after=AFTER,
+    )
     await leave(await streamed(a))
     subscriber = Stream(b.calls.subscribe(agent(a).task_id, "alice"))
     await within(subscriber.until(lambda: bool(subscriber.events)))
@@ -255,7 +260,9 @@ async def test_the_observer_on_another_replica_with_notices(replicas: Replicas) 
 
 
 @pytest.mark.asyncio
-async def test_without_notices_a_shared_store_cancels_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_without_notices_a_shared_store_cancels_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A store shared without notices cannot tell what other replicas watch: nothing is
     cancelled as unwatched, and the handler says so once, when it is built."""
     from a2a.server.tasks import DatabaseTaskStore
@@ -264,7 +271,9 @@ async def test_without_notices_a_shared_store_cancels_nothing(tmp_path: Path, ca
 
     async with open_database("sqlite", tmp_path) as database:
         with caplog.at_level(logging.WARNING, "a2a_cancelfix"):
-            a = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(DatabaseTaskStore(database.engine())))
+            a = server(
+                cancel_unwatched_after=AFTER, store=FinalStateTaskStore(DatabaseTaskStore(database.engine()))
+            )
         assert "needs the store's notices" in caplog.text
         await leave(await streamed(a))
         await assert_still_working(a)
@@ -274,6 +283,7 @@ async def test_without_notices_a_shared_store_cancels_nothing(tmp_path: Path, ca
             return await stored(a, agent(a).task_id) == "COMPLETED"
 
         await eventually(completed)
+
         async def closed() -> bool:
             return not await _sdk.has_run(a.handler, agent(a).task_id)
 

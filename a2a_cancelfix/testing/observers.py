@@ -93,9 +93,7 @@ class Stream:
     ``on_event`` is called with each as it comes.
     """
 
-    def __init__(
-        self, events: AsyncIterator[Any], on_event: Callable[[Any], None] | None = None
-    ) -> None:
+    def __init__(self, events: AsyncIterator[Any], on_event: Callable[[Any], None] | None = None) -> None:
         self.events: list[Any] = []
         self.error: BaseException | None = None
         self._on_event = on_event

@@ -71,9 +71,7 @@ def caller(name: str = "alice") -> ServerCallContext:
 
 def message(text: str = "go", task_id: str = "") -> Message:
     """A user's message saying ``text``; with ``task_id``, one that continues that task."""
-    return Message(
-        role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)], task_id=task_id
-    )
+    return Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)], task_id=task_id)
 
 
 class Calls:
@@ -120,9 +118,7 @@ class OverTheWire(Calls):
         super().__init__(handler)
         self.endpoint = endpoint
 
-    async def send_stream(
-        self, request: SendMessageRequest, owner: str
-    ) -> AsyncIterator[Any]:
+    async def send_stream(self, request: SendMessageRequest, owner: str) -> AsyncIterator[Any]:
         async with _wire.connect(self.endpoint, owner) as client:
             async for response in client.send_message(request):
                 yield _payload(response)
@@ -141,9 +137,7 @@ class OverTheWire(Calls):
         async with _wire.connect(self.endpoint, owner) as client:
             return await client.get_task(GetTaskRequest(id=task_id))
 
-    async def subscribe(
-        self, task_id: str, owner: str
-    ) -> AsyncIterator[Any]:
+    async def subscribe(self, task_id: str, owner: str) -> AsyncIterator[Any]:
         async with _wire.connect(self.endpoint, owner) as client:
             async for response in client.subscribe(SubscribeToTaskRequest(id=task_id)):
                 yield _payload(response)

@@ -133,14 +133,21 @@ def instructions(url: str) -> str:
     message = '{"role":"ROLE_USER","messageId":"m-%s","parts":[{"text":"%s"}]}'
     rpc = (
         "curl -sN %s/ -H 'Content-Type: application/json' -H 'A2A-Version: 1.0' "
-        "-d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"%s\",\"params\":{\"message\":%s%s}}'"
+        '-d \'{"jsonrpc":"2.0","id":1,"method":"%s","params":{"message":%s%s}}\''
     )
     return "\n".join(
         [
             f"a2a-cancelfix demo: an A2A server at {url} (JSON-RPC at /, REST under /rest)",
             "",
             "Start a task and get its id at once:",
-            "  " + rpc % (url, "SendMessage", message % (1, "write a report"), ',"configuration":{"returnImmediately":true}'),
+            "  "
+            + rpc
+            % (
+                url,
+                "SendMessage",
+                message % (1, "write a report"),
+                ',"configuration":{"returnImmediately":true}',
+            ),
             "Start a task and stream it (the last event of a cancelled one is CANCELED):",
             "  " + rpc % (url, "SendStreamingMessage", message % (2, "write a report"), ""),
             "Start a task that parks for input:",

@@ -36,7 +36,9 @@ def script_for(name: str) -> str:
         names = "\n".join(f"  {scenario.name}" for scenario in scenarios.SCENARIOS)
         raise NoRepro(f"no scenario is named {name!r}; the scenarios are:\n{names}")
     if scenario.opt_in:
-        raise NoRepro(f"{name!r} shows a2a-cancelfix's {scenario.opt_in}, not a defect of a2a-sdk: nothing to report")
+        raise NoRepro(
+            f"{name!r} shows a2a-cancelfix's {scenario.opt_in}, not a defect of a2a-sdk: nothing to report"
+        )
     stock = scenarios.run_scenario(scenario, "stock")
     if stock.startswith(NOT_RUN):
         raise NoRepro(f"{name!r} cannot run here: {stock}")

@@ -50,9 +50,7 @@ class Wire:
         self._streams.append(stream)
         return stream
 
-    async def start(
-        self, client: Client, agent: Agent, *, push_url: str | None = None
-    ) -> tuple[Stream, str]:
+    async def start(self, client: Client, agent: Agent, *, push_url: str | None = None) -> tuple[Stream, str]:
         """Stream a message; return once the run is mid-step (or parked) and the stream shows it."""
         configuration = SendMessageConfiguration()
         if push_url:

@@ -107,11 +107,7 @@ async def serve_agent(
 async def serve_http(
     listener: socket.socket, transport: str, handler: DefaultRequestHandlerV2, card: AgentCard
 ) -> AsyncIterator[tuple[Callable[[], frozenset[Any]], Changes]]:
-    routes = (
-        create_jsonrpc_routes(handler, "/")
-        if transport == "jsonrpc"
-        else create_rest_routes(handler)
-    )
+    routes = create_jsonrpc_routes(handler, "/") if transport == "jsonrpc" else create_rest_routes(handler)
     app = Starlette(
         routes=[*create_agent_card_routes(card), *routes],
         middleware=[Middleware(AuthenticationMiddleware, backend=bearer_names())],

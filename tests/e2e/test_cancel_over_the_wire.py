@@ -147,9 +147,7 @@ async def test_push_configs_receive_canceled(wire: Wire) -> None:
     agent = await wire.serve()
     client = await wire.connect(agent)
     _, task_id = await wire.start(client, agent, push_url=receiver.url + "in-request")
-    created = TaskPushNotificationConfig(
-        task_id=task_id, id="created", url=receiver.url + "created"
-    )
+    created = TaskPushNotificationConfig(task_id=task_id, id="created", url=receiver.url + "created")
     await within(client.create_task_push_notification_config(created))
 
     await within(client.cancel_task(CancelTaskRequest(id=task_id)))
