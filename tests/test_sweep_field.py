@@ -35,7 +35,11 @@ async def test_suspensions_inside_one_library_call_are_one_await(executor: type)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("executor", [field.OnAnyioThreads, field.OnItsOwnPool])
 async def test_idle_pool_workers_are_no_leak(executor: type) -> None:
-    report = await swept(executor)
+    """A pool's worker that went idle is not the executor's leftover work. A worker finishing
+    its item may not be back at its queue within 0.2 s on a loaded machine (seen in CI, the
+    interrupted row of OnAnyioThreads): the leftovers get a second, which an idle worker taken
+    for a busy one would exceed all the same."""
+    report = await sweep(executor, grace_period=1.0)
     assert report.ok, str(report)
 
 
