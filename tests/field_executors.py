@@ -4,6 +4,7 @@ must pass the correct ones and catch the two that leak."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures
 import threading
@@ -53,6 +54,36 @@ class OnItsOwnPool(Agent):
 
     async def work(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.pool, blocking)
+
+
+class ForeignThread:
+    """A thread started below `threading`, as pytest-xdist's I/O thread is (execnet starts it
+    with ``_thread``): `threading.enumerate()` lists it only from the moment it first asks for
+    ``threading.current_thread()``, which a log call does, or a finalizer the garbage collector
+    happens to run in it. Then it goes on in Python code, as that thread reading its socket."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.known = threading.Event()
+        self.done = threading.Event()
+        _thread.start_new_thread(self._run, ())
+
+    def _run(self) -> None:
+        self.asked.wait()
+        threading.current_thread()  # A _DummyThread for it, from now on in threading.enumerate().
+        self.known.set()
+        self.done.wait()
+
+
+class WakesAForeignThread(Agent):
+    """Its run makes a thread of the process that nobody started through `threading` known to it."""
+
+    def __init__(self, foreign: ForeignThread) -> None:
+        self.foreign = foreign
+
+    async def work(self) -> None:
+        self.foreign.asked.set()
+        await asyncio.to_thread(self.foreign.known.wait, 5.0)
 
 
 class PoolWorkOutlivesRun(OnItsOwnPool):

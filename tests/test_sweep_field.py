@@ -44,6 +44,19 @@ async def test_idle_pool_workers_are_no_leak(executor: type) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_thread_that_threading_learns_of_mid_run_is_not_the_executors() -> None:
+    """A thread nobody started through `threading` (pytest-xdist's I/O thread) that becomes
+    known to it during a run is no thread the executor started: it made the row above fail now
+    and then under xdist, when a finalizer that logs ran in that thread mid-row."""
+    foreign = field.ForeignThread()
+    try:
+        report = await swept(lambda: field.WakesAForeignThread(foreign))
+    finally:
+        foreign.done.set()
+    assert report.ok, str(report)
+
+
+@pytest.mark.asyncio
 async def test_a_pool_thread_still_running_the_work_is_a_leak() -> None:
     report = await swept(field.PoolWorkOutlivesRun, origins=("local",))
     assert any(

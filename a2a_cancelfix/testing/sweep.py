@@ -671,7 +671,7 @@ class _World:
                 )
         busy = [work for work in self.pool.works if not work.done()]
         threads = [thread for thread in threading.enumerate() if thread not in self.threads]
-        threads = [thread for thread in threads if thread.is_alive() and not self.pool.owns(thread)]
+        threads = [thread for thread in threads if _started_here(thread) and not self.pool.owns(thread)]
         if busy or threads:
             await asyncio.to_thread(_join, busy, threads, grace)
         if any(not work.done() for work in busy) or any(_working(thread) for thread in threads):
@@ -743,6 +743,16 @@ class _TrackedPool(concurrent.futures.ThreadPoolExecutor):
 def _executors_own() -> bool:
     """Whether what starts here is the executor's: inside a run, or inside its ``cancel()``."""
     return checkpoints.current_run() is not None or _IN_CANCEL.get()
+
+
+def _started_here(thread: threading.Thread) -> bool:
+    """Whether ``thread`` runs and was started through `threading`, as an executor's are.
+
+    Not a thread started below it (pytest-xdist's I/O thread, a C library's), which `threading`
+    lists as a dummy from the moment it first asks for ``current_thread()``: a log call, or a
+    finalizer the collector happens to run in it, mid-run. Nobody can join it.
+    """
+    return thread.is_alive() and not isinstance(thread, threading._DummyThread)
 
 
 def _join(
