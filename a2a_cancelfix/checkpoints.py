@@ -90,6 +90,7 @@ class Run:
     _shields = 0
     _unshielded: asyncio.Event | None = None  # Made by the first shielded section.
     _probe: Probe | None = None
+    _callbacks: list[Callable[[], Any]] | None = None  # Made by the first on_cancel callback.
     _watch: Callable[[], Awaitable[None]] | None = None
     watched = False  # Unless watched, nothing is ever recorded elsewhere to look for.
     # When a look is next due (time.monotonic()); never without a watch, nor once cancelled.
@@ -103,7 +104,6 @@ class Run:
         probe: Probe | None = None,
     ) -> None:
         self.task_id = task_id
-        self._callbacks: list[Callable[[], Any]] = []
         if probe is not None:
             self._probe = probe
             watch, interval = _probed(self, probe, watch), 0.0
@@ -122,7 +122,7 @@ class Run:
             return
         self.reason, self.requested_at, self.cancelled = reason, time.time(), True
         self.next_look = math.inf
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks or (), None
         for callback in callbacks:
             _call_safely(callback, self.task_id)
 
@@ -137,6 +137,8 @@ class Run:
         if self.cancelled:
             _call_safely(callback, self.task_id)
             return _nothing
+        if self._callbacks is None:
+            self._callbacks = []
         self._callbacks.append(callback)
         return functools.partial(_discard, self._callbacks, callback)
 

@@ -11,7 +11,6 @@ runs in the SDK's own task.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -19,17 +18,13 @@ import wrapt
 from a2a.server.agent_execution import RequestContext
 
 from a2a_cancelfix._aio import deadline_in
-from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
-from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     Lifecycle,
-    QueueProxy,
+    RunQueue,
     Settings,
     Work,
     has_ended,
-    logger,
-    may_enqueue,
 )
 
 if TYPE_CHECKING:
@@ -99,14 +94,14 @@ class CancellableExecutor(_ExecutorProxy):
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
         work = lifecycle.start(context, event_queue)
-        run, probe = work.run, lifecycle.probe
-        queue = _RunQueue(event_queue, run)
+        probe = lifecycle.probe
+        queue = RunQueue(event_queue, work)
         try:
             body: Awaitable[None]
             if probe is None:
                 body = self.__wrapped__.execute(context, queue)
             else:
-                body = probe.drive(self.__wrapped__.execute, context, queue, run)
+                body = probe.drive(self.__wrapped__.execute, context, queue, work)
             if lifecycle.inline:
                 await work.run_inline(body)
             else:
@@ -133,14 +128,14 @@ class CancellableExecutor(_ExecutorProxy):
             await work.settled  # type: ignore[misc]
         except asyncio.CancelledError:
             lifecycle = self._self_lifecycle
-            cancellation = lifecycle.cancellations.get(work.run.task_id)
+            cancellation = lifecycle.cancellations.get(work.task_id)
             if cancellation is None:
                 deadline = deadline_in(lifecycle.settings.cancel_grace_period)
             else:  # It stops the work, then publishes CANCELED: the queue stays open for it.
                 deadline = cancellation.deadline
                 await cancellation.published()
             # Torn down with no cancel, or with one the SDK gave up on: stop the work anyway.
-            work.run.cancel("the run was torn down")
+            work.cancel("the run was torn down")
             await work.stop(deadline, lifecycle.name)
             raise
         work.raise_outcome()
@@ -152,26 +147,3 @@ class CancellableExecutor(_ExecutorProxy):
         published on the queue, which ``execute()`` keeps open until it is.
         """
         await self._self_lifecycle.requested_by_sdk(context, event_queue)
-
-
-class _RunQueue(QueueProxy):
-    """The queue ``execute()`` sees: every enqueue is a checkpoint."""
-
-    def __init__(self, queue: EventQueue, run: Run) -> None:
-        super().__init__(queue)
-        self._self_run = run
-
-    async def enqueue_event(self, event: Any) -> None:
-        run = self._self_run
-        # terminal_state(), inline: every event of every run comes through here.
-        terminal = isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES
-        if run.watched and not run.cancelled and (terminal or time.monotonic() >= run.next_look):
-            # Before ending the task above all: another replica may have cancelled it.
-            await run.look()
-        if run.cancelled:
-            if run.shielded:
-                logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)
-                return
-            run.raise_if_cancelled()
-        if may_enqueue(self.__wrapped__, event, run.task_id, terminal):
-            await self.__wrapped__.enqueue_event(event)

@@ -248,33 +248,34 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             lifecycle.follow_up_accepted(message_id)
         events = _sdk_stream(self, params, context)
         drained = False
-        task_id = params.message.task_id
+        event: Any = None
         try:
             async for event in events:
-                task_id = task_id or _task_id_of(event)
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
-                if not isinstance(event, STATUS_EVENTS) or event.status.state not in TERMINAL_STATES:
-                    yield event
-                    continue
-                state = event.status.state
-                if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
-                    raise _ended_first(params, state)
-                if self._remote.refused_tasks and _task_id_of(event) in self._remote.refused_tasks:
-                    event = await self._remote.as_stored(event, context)
+                if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
+                    break
                 yield event
-                # The spec ends the stream here. The SDK's own stream ends as the run closes:
-                # it is read to there (closing it instead would leave its inner stream to the
-                # garbage collector's finalizer, a cost on every message), at once if the run
-                # has returned, else in the background.
-                drained = True
-                if self._lifecycle.busy(_task_id_of(event)):
-                    keep(_drain(events))
-                else:
-                    await _drain(events)
+            else:
+                task_id = params.message.task_id or ("" if event is None else _task_id_of(event))
+                end = await self._end_being_recorded(task_id, context)
+                if end is not None:
+                    yield end
                 return
-            end = await self._end_being_recorded(task_id, context)
-            if end is not None:
-                yield end
+            state, task_id = event.status.state, _task_id_of(event)
+            if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
+                raise _ended_first(params, state)
+            if self._remote.refused_tasks and task_id in self._remote.refused_tasks:
+                event = await self._remote.as_stored(event, context)
+            yield event
+            # The spec ends the stream here. The SDK's own stream ends as the run closes: it is
+            # read to there (closing it instead would leave its inner stream to the garbage
+            # collector's finalizer, a cost on every message), at once if the run has returned,
+            # else in the background.
+            drained = True
+            if lifecycle.busy(task_id):
+                keep(_drain(events))
+            else:
+                await _drain(events)
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         except A2AError:

@@ -19,7 +19,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
 import wrapt
@@ -40,7 +40,7 @@ from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on, wait_done, wait_patiently
-from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES, drop_backlog, terminal_state
+from a2a_cancelfix._sdk import CANCELED, STATUS_EVENTS, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL, RemoteCancels
 from a2a_cancelfix.unwatched import Watchers
@@ -134,8 +134,9 @@ class Step(enum.IntEnum):
     TORN_DOWN = 8
 
 
-class Work:
-    """One run of the wrapped ``execute()``: where it runs, and whether it has ended.
+class Work(Run):
+    """One run of the wrapped ``execute()``: its cancellation scope (a `Run`), where the work
+    runs, and whether it has ended.
 
     Inline, it runs in the SDK's own task for the run; apart, in a task of its own that the
     SDK's teardown of the run cannot reach (the stock handler cancels the run itself).
@@ -144,14 +145,12 @@ class Work:
     # Defaults, until a run sets its own: every message builds a Work, few cancel it.
     runner: asyncio.Task[Any] | None = None
     settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
+    ended = False
     interrupted = False
     abandoned = False
     # The await the work was suspended at when the cancel came (None: it was running).
     found_at: object | None = None
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.ended = Once()
+    _ended: Once | None = None  # Made by the first wait for the end.
 
     def signalled(self) -> None:
         """The cancel has come: note where the work waits, to tell later whether it moved."""
@@ -172,25 +171,25 @@ class Work:
     async def run_inline(self, work: Awaitable[None]) -> None:
         """Run the work in this task, inside the run's scope; a cancel of the task ends it normally."""
         self.runner = asyncio.current_task()
-        token = enter_run(self.run)
+        token = enter_run(self)
         try:
             await work
         except asyncio.CancelledError:
-            if not self.run.cancelled:
+            if not self.cancelled:
                 raise  # Not the task's cancel: the SDK is tearing the run down.
         except Exception as error:
-            if not self.run.cancelled:
+            if not self.cancelled:
                 raise
-            logger.debug("execute() of cancelled task %s raised", self.run.task_id, exc_info=error)
+            logger.debug("execute() of cancelled task %s raised", self.task_id, exc_info=error)
         finally:
             leave_run(token)  # Before anything else runs in this task: it is not the work.
             if self.interrupted and self.runner is not None:
                 _uncancel(self.runner)  # Our interrupt is handled; the SDK's task runs on.
-            self.ended.give()
+            self._end()
 
     def start_apart(self, work: Awaitable[None]) -> None:
         """Run the work in a task of its own, inside the run's scope (the task's copy of it)."""
-        token = enter_run(self.run)
+        token = enter_run(self)
         try:
             self.runner = asyncio.ensure_future(work)
         finally:
@@ -202,11 +201,11 @@ class Work:
 
     def raise_outcome(self) -> None:
         """Mirror how the work ended, apart, unless a cancel owns the outcome."""
-        work, run = self.runner, self.run
+        work = self.runner
         assert work is not None
-        if run.cancelled:
+        if self.cancelled:
             if work.done() and not work.cancelled() and work.exception() is not None:
-                logger.debug("execute() of cancelled task %s raised", run.task_id, exc_info=work.exception())
+                logger.debug("execute() of cancelled task %s raised", self.task_id, exc_info=work.exception())
             return
         if work.cancelled():
             raise asyncio.CancelledError
@@ -222,31 +221,31 @@ class Work:
         it holds, and is interrupted only at ``deadline``. Past it, the work is abandoned:
         nothing it enqueues goes in.
         """
-        if self.ended.given or self.abandoned or self.runner is None:
+        if self.ended or self.abandoned or self.runner is None:
             return
-        if self.run.shielded:
-            await self.run.wait_unshielded(deadline)
-            if self.run.shielded:
+        if self.shielded:
+            await self.wait_unshielded(deadline)
+            if self.shielded:
                 logger.warning(
                     "%s.execute() of task %s was still in a shielded section at the end of the "
                     "grace period; it is cut at %s",
                     name,
-                    self.run.task_id,
+                    self.task_id,
                     _where(self.runner),
                 )
-        if not self.ended.given and not self.run.unwinding and not self.moved:
+        if not self.ended and not self.unwinding and not self.moved:
             self._interrupt()
-        if not await self.ended.wait(deadline) and not self.interrupted:
+        if not await self._wait_ended(deadline) and not self.interrupted:
             self._interrupt()  # It moved on, but has not ended within the grace period.
-            await self.ended.wait(deadline)  # The one loop turn it gets to end in.
-        if not self.ended.given:
+            await self._wait_ended(deadline)  # The one loop turn it gets to end in.
+        if not self.ended:
             self.abandoned = True
             self._settle()
             logger.warning(
                 "%s.execute() ignored the cancel of task %s for the whole grace period; "
                 "it is abandoned and nothing it enqueues reaches the task",
                 name,
-                self.run.task_id,
+                self.task_id,
             )
 
     def _interrupt(self) -> None:
@@ -255,8 +254,21 @@ class Work:
             self.interrupted = True
             self.runner.cancel()
 
+    def _end(self) -> None:
+        self.ended = True
+        if self._ended is not None:
+            self._ended.give()
+
+    async def _wait_ended(self, deadline: float) -> bool:
+        """Wait until the work ends or the loop's clock reaches ``deadline``; whether it ended."""
+        if self._ended is None:
+            if self.ended:
+                return True
+            self._ended = Once()
+        return await self._ended.wait(deadline)
+
     def _on_ended(self, _: object) -> None:
-        self.ended.give()
+        self._end()
         self._settle()
 
     def _settle(self) -> None:
@@ -369,7 +381,7 @@ class Cancellation:
         _log_dropped(self.task_id, dropped)
         if self.work is not None:
             self.work.signalled()
-            self.work.run.cancel(self.reason)
+            self.work.cancel(self.reason)
         self.reach(Step.SIGNALLED)
         _telemetry.step(self.span, "callbacks_fired", dropped=sum(dropped.values()))
 
@@ -666,18 +678,19 @@ class Lifecycle:
         remote = self.remote
         if remote is not None and remote.watching:
             look = functools.partial(self._look, context, queue)
-            run = Run(task_id, look, remote.interval, self.probe)
+            work = Work(task_id, look, remote.interval, self.probe)
         else:
-            run = Run(task_id, None, math.inf, self.probe)
-        work = self.works[task_id] = Work(run)
+            work = Work(task_id, None, math.inf, self.probe)
+        self.works[task_id] = work
         return work
 
     def forget(self, work: Work) -> None:
         """A run of ``execute()`` has returned."""
-        if self.works.get(work.run.task_id) is work:
-            del self.works[work.run.task_id]
+        task_id = work.task_id
+        if self.works.get(task_id) is work:
+            del self.works[task_id]
             if self.watchers is not None:
-                self.watchers.run_ended(work.run.task_id)
+                self.watchers.run_ended(task_id)
 
     def parked_here(self, task_id: str, caller: ServerCallContext) -> None:
         """A run returned without ending its task: another replica may cancel it meanwhile."""
@@ -1077,6 +1090,50 @@ def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
     if terminal:
         _ended.add(weakref.ref(queue, _ended.discard))
     return True
+
+
+class RunQueue(QueueProxy):
+    """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final."""
+
+    def __init__(self, queue: EventQueue, run: Run) -> None:
+        super().__init__(queue)
+        self._self_run = run
+
+    def enqueue_event(self, event: Any) -> Coroutine[Any, Any, None]:
+        """Enqueue ``event`` unless the run was cancelled (then raise) or the task has ended.
+
+        Not a coroutine function: every event of every run comes through here, and a run
+        with nothing to look for and no cancel hands back the queue's own coroutine, a frame
+        fewer for each event.
+        """
+        run = self._self_run
+        if run.cancelled or run.watched:
+            return self._self_enqueue_looked(event)
+        queue = self.__wrapped__
+        # may_enqueue(), inline.
+        if weakref.ref(queue) in _ended:
+            return _dropped(event, run.task_id)
+        if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
+            _ended.add(weakref.ref(queue, _ended.discard))
+        return queue.enqueue_event(event)
+
+    async def _self_enqueue_looked(self, event: Any) -> None:
+        run = self._self_run
+        terminal = terminal_state(event) is not None
+        if not run.cancelled and (terminal or time.monotonic() >= run.next_look):
+            # Before ending the task above all: another replica may have cancelled it.
+            await run.look()
+        if run.cancelled:
+            if run.shielded:
+                logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)
+                return
+            run.raise_if_cancelled()
+        if may_enqueue(self.__wrapped__, event, run.task_id, terminal):
+            await self.__wrapped__.enqueue_event(event)
+
+
+async def _dropped(event: Any, task_id: str) -> None:
+    logger.debug("Dropped %s after task %s ended", type(event).__name__, task_id)
 
 
 class _CancelQueue(QueueProxy):

@@ -52,18 +52,12 @@ _sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[RemoteCan
 )
 
 
-class Running(Protocol):
-    """A run of ``execute()`` in progress here (a `lifecycle.Work`)."""
-
-    run: Run
-
-
 class Watched(Protocol):
     """What the watch looks after: a `lifecycle.Lifecycle`'s runs, parked tasks and cancels."""
 
     # Read-only: the lifecycle's own dicts, of its own types, are what the watch reads.
     @property
-    def works(self) -> Mapping[str, Running]: ...
+    def works(self) -> Mapping[str, Run]: ...
     @property
     def parked(self) -> dict[str, ServerCallContext]: ...
     @property
@@ -157,7 +151,7 @@ class RemoteCancels:
             return
         work = lifecycle.works.get(task_id)
         if work is not None:
-            keep(work.run.look())  # Finding CANCELED, it cancels the run here.
+            keep(work.look())  # Finding CANCELED, it cancels the run here.
         elif task_id in lifecycle.parked:
             keep(self._end_parked_if_cancelled(task_id))
 
@@ -246,7 +240,7 @@ class RemoteCancels:
         self._poll_every(math.inf)
         lifecycle = self.lifecycle
         for work in list(lifecycle.works.values()):
-            keep(work.run.look())
+            keep(work.look())
         if lifecycle.parked:
             keep(self._look_at_every_parked())
 
@@ -262,7 +256,7 @@ class RemoteCancels:
             return  # A reconnect that failed again: each run keeps the look it has due.
         self.interval = interval
         for work in self.lifecycle.works.values():
-            work.run.poll_every(interval)
+            work.poll_every(interval)
         if interval == math.inf and self._parked_looks is not None:
             self._parked_looks.cancel()
             self._parked_looks = None

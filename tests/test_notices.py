@@ -464,7 +464,7 @@ async def test_reconnects_that_keep_failing_leave_polling_alone(tmp_path: Path) 
         a = make_server("ours", PollingExecutor(), store=store, replica_poll_interval=HOUR)
         try:
             sent = await start(a)
-            run = a.handler.agent_executor.cancel_lifecycle.works[a.executor.task_id].run
+            run = a.handler.agent_executor.cancel_lifecycle.works[a.executor.task_id]
             due = run.next_look
             await listening.changes.until(lambda: listening.attempts >= 3)  # Two failures seen.
             assert run.next_look == due
@@ -539,7 +539,7 @@ async def test_with_redis_gone_while_listening_polling_keeps_its_interval(tmp_pa
             await start(a)
             task_id = a.executor.task_id or ""
             await within(listening.heard())
-            run = a.handler.agent_executor.cancel_lifecycle.works[task_id].run
+            run = a.handler.agent_executor.cancel_lifecycle.works[task_id]
             await proxy.close()
             await listening.changes.until(lambda: listening.attempts >= 2)  # Lost: polling again.
             due = run.next_look
