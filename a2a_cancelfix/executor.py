@@ -84,16 +84,15 @@ class CancellableExecutor(_ExecutorProxy):
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Run the wrapped ``execute()`` inside a cancellation scope."""
         lifecycle = self._self_lifecycle
-        task_id = context.task_id or ""
-        cancellation = lifecycle.cancellations.get(task_id)
-        if cancellation is not None:
+        task_id, cancellations = context.task_id or "", lifecycle.cancellations
+        if task_id in cancellations:
             # Nothing to run for a task being cancelled; but returning ends this request in
             # the SDK, and with it its sender's wait and its stream: CANCELED first.
-            await cancellation.published()
+            await cancellations[task_id].published()
             return
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
-        work = lifecycle.start(context, event_queue)
+        work = lifecycle.start(task_id, context, event_queue)
         probe = lifecycle.probe
         queue = RunQueue(event_queue, work)
         try:
@@ -106,10 +105,9 @@ class CancellableExecutor(_ExecutorProxy):
                 await work.run_inline(body)
             else:
                 await self._self_run_apart(work, body)
-            cancellation = lifecycle.cancellations.get(task_id)
-            if cancellation is not None:
+            if task_id in cancellations:
                 # Returning lets the SDK close the request (and end its streams): CANCELED first.
-                await cancellation.published()
+                await cancellations[task_id].published()
             elif not has_ended(event_queue, context):
                 lifecycle.parked_here(task_id, context.call_context)
         finally:

@@ -271,11 +271,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # read to there (closing it instead would leave its inner stream to the garbage
             # collector's finalizer, a cost on every message), at once if the run has returned,
             # else in the background.
-            drained = True
             if lifecycle.busy(task_id):
+                drained = True
                 keep(_drain(events))
-            else:
-                await _drain(events)
+                return
+            try:  # _drain(), inline: the run has returned, so its stream ends at once.
+                async for _ in events:
+                    pass
+            except Exception:
+                logger.debug("a stream raised after its terminal event", exc_info=True)
+            drained = True  # To its end: nothing to close.
         except _sdk.QueueShutDown as error:
             raise _ended(params) from error
         except A2AError:

@@ -666,9 +666,9 @@ class Lifecycle:
             return True
         return False
 
-    def start(self, context: RequestContext, queue: EventQueue) -> Work:
-        """A run of ``execute()`` begins: its scope, watching for remote cancels if any can come."""
-        task_id = context.task_id or ""
+    def start(self, task_id: str, context: RequestContext, queue: EventQueue) -> Work:
+        """A run of ``execute()`` of ``task_id`` begins: its scope, watching for remote cancels
+        if any can come."""
         if self._follow_ups and context.message is not None:
             self._follow_ups.discard(context.message.message_id)  # Taken: this run processes it.
         if self.parked:
