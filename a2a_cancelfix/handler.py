@@ -200,7 +200,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                     raise
                 except Exception as error:
                     raise _failed("", error) from error
-                if isinstance(result, Task) and result.id in self._remote.refused_tasks:
+                refused = self._remote.refused_tasks  # Empty unless a save was refused.
+                if refused and isinstance(result, Task) and result.id in refused:
                     return await self._remote.as_stored(result, context)
                 return result
             await self._refuse_if_ended(params, context)
@@ -218,7 +219,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 unprocessed = lifecycle.follow_up_unprocessed(message_id)
             if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
                 raise _ended_first(params, result.status.state)
-            if isinstance(result, Task) and result.id in self._remote.refused_tasks:
+            refused = self._remote.refused_tasks  # Empty unless a save was refused.
+            if refused and isinstance(result, Task) and result.id in refused:
                 return await self._remote.as_stored(result, context)
             return result
         finally:
@@ -234,10 +236,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_streaming(self)
         if self._remote.must_listen:
             self._remote.listen()
-        lifecycle, message_id = self._lifecycle, params.message.message_id
-        follow_up = bool(params.message.task_id)
+        lifecycle, message = self._lifecycle, params.message
+        message_id, follow_up = message.message_id, bool(message.task_id)
         watchers = lifecycle.watchers
-        observer = None if watchers is None else watchers.open(params.message.task_id, message_id)
+        observer = None if watchers is None else watchers.open(message.task_id, message_id)
         if follow_up:
             try:
                 await self._refuse_if_ended(params, context)
@@ -252,16 +254,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         try:
             async for event in events:
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
-                if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
+                if isinstance(event, STATUS_EVENTS) and (state := event.status.state) in TERMINAL_STATES:
                     break
                 yield event
             else:
-                task_id = params.message.task_id or ("" if event is None else _task_id_of(event))
+                task_id = message.task_id or ("" if event is None else _task_id_of(event))
                 end = await self._end_being_recorded(task_id, context)
                 if end is not None:
                     yield end
                 return
-            state, task_id = event.status.state, _task_id_of(event)
+            task_id = _task_id_of(event)
             if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
                 raise _ended_first(params, state)
             if self._remote.refused_tasks and task_id in self._remote.refused_tasks:

@@ -1096,7 +1096,7 @@ class RunQueue(QueueProxy):
     """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final."""
 
     def __init__(self, queue: EventQueue, run: Run) -> None:
-        super().__init__(queue)
+        QueueProxy.__init__(self, queue)  # Not super(): one is built for every run.
         self._self_run = run
 
     def enqueue_event(self, event: Any) -> Coroutine[Any, Any, None]:

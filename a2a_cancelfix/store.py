@@ -286,13 +286,16 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
         owned = tasks.get(owner)
         if owned is None:
             owned = tasks[owner] = {}
-        stored = owned.get(task.id)
-        if stored is not None and stored.status.state in TERMINAL_STATES:
-            return stored.status.state
+        task_id = task.id  # Once: each read of a protobuf field builds a Python object.
+        stored = owned.get(task_id)
+        if stored is not None:
+            state = stored.status.state
+            if state in TERMINAL_STATES:
+                return state
         if copying:  # As the SDK's CopyingTaskStoreAdapter stores it.
             task, original = Task(), task
             task.CopyFrom(original)
-        owned[task.id] = task
+        owned[task_id] = task
         return None
 
     if isinstance(lock, asyncio.Lock):  # 1.0.0-1.1.2
