@@ -1,10 +1,11 @@
 """Instructions per message with no cancels, ours vs stock: a figure that does not move.
 
 `hot_path.py`'s wall-clock ratio moves by about 1% from run to run, as much as a change to the
-hot path is worth. Here ``valgrind --tool=callgrind`` counts the instructions of a process that
-sends N messages and of one that sends N + 200: the difference, over 200, is one message's
-count, with start-up taken out. Same hash seed everywhere. Needs valgrind (Debian's package);
-about 4 minutes on 2 cores.
+hot path is worth. Here ``valgrind --tool=callgrind`` counts the instructions of 200 messages
+sent after 50 that warm up: the process calls ``os.getppid()`` at each end of the window, and
+callgrind dumps its counts before that C function (``--dump-before``), so the window is one dump,
+start-up and warm-up left out. Same hash seed everywhere. Needs valgrind (Debian's package);
+about 5 minutes on 2 cores (two processes at a time, one per handler and mode).
 """
 
 from __future__ import annotations
@@ -18,25 +19,28 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from a2a.types import SendMessageRequest
 
 from _common import QuickExecutor, header
 from a2a_cancelfix.testing import caller, make_server, message
 
-BASE, EXTRA = 50, 200
+WARM, COUNTED = 50, 200
 UNWATCHED = "ours,unwatched"
 
 
-async def send(kind: str, streaming: bool, count: int) -> None:
+def mark() -> None:
+    os.getppid()  # callgrind dumps its counts here: one end of the window.
+
+
+async def send(kind: str, streaming: bool) -> None:
     # "ours, unwatched": ours with cancel_unwatched_after, which counts each stream and sender.
     options = {"cancel_unwatched_after": 30.0} if kind == UNWATCHED else {}
     server = make_server(kind.split(",")[0], QuickExecutor(), push=False, **options)
     handler, context = server.handler, caller()
-    # What the imports left is out of the collector's reach: a full collection landing among the
-    # counted messages would otherwise walk it, and move a message's count by tens of thousands.
-    gc.freeze()
-    for _ in range(count):
+
+    async def one() -> None:
         request = SendMessageRequest(message=message())
         if streaming:
             async for _event in handler.on_message_send_stream(request, context):
@@ -44,32 +48,46 @@ async def send(kind: str, streaming: bool, count: int) -> None:
         else:
             await handler.on_message_send(request, context)
 
-
-def instructions(kind: str, streaming: bool, count: int) -> int:
-    """Instructions that a whole process sending ``count`` messages executes."""
-    command = [
-        "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-        sys.executable, __file__, "--worker", kind, "stream" if streaming else "block", str(count),
-    ]  # fmt: skip
-    environment = {**os.environ, "PYTHONHASHSEED": "1"}
-    output = subprocess.run(command, env=environment, capture_output=True, text=True, check=True)
-    return int(re.search(r"Collected : (\d+)", output.stderr).group(1))  # type: ignore[union-attr]
+    for _ in range(WARM):
+        await one()
+    # What the imports and the warm-up left is out of the collector's reach: a full collection
+    # landing among the counted messages would otherwise walk it, and move a message's count by
+    # tens of thousands.
+    gc.collect()
+    gc.freeze()
+    mark()
+    for _ in range(COUNTED):
+        await one()
+    mark()
 
 
 def per_message(kind: str, streaming: bool) -> float:
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        base, more = pool.map(lambda count: instructions(kind, streaming, count), (BASE, BASE + EXTRA))
-    return (more - base) / EXTRA
+    """Instructions per message in the window of one worker process."""
+    with tempfile.TemporaryDirectory(prefix="hot-path-instructions-") as directory:
+        out = os.path.join(directory, "callgrind.out")
+        command = [
+            "valgrind", "--tool=callgrind", "--dump-before=os_getppid*", f"--callgrind-out-file={out}",
+            sys.executable, __file__, "--worker", kind, "stream" if streaming else "block",
+        ]  # fmt: skip
+        environment = {**os.environ, "PYTHONHASHSEED": "1"}
+        subprocess.run(command, env=environment, capture_output=True, text=True, check=True)
+        # out.1 is everything before the first mark, out.2 the window.
+        with open(out + ".2") as dump:
+            found = re.search(r"^summary: (\d+)", dump.read(), re.MULTILINE)
+        assert found is not None, "callgrind wrote no summary for the window"
+        return int(found.group(1)) / COUNTED
 
 
 def main(quick: bool) -> None:
     if shutil.which("valgrind") is None:
         print("hot_path_instructions: valgrind is not installed (apt-get install valgrind)")
         return
-    header(f"hot path: instructions per message, {BASE + EXTRA} minus {BASE} messages under callgrind")
+    header(f"hot path: instructions per message, {COUNTED} after {WARM} under callgrind")
+    jobs = [(kind, streaming) for streaming in (False, True) for kind in ("stock", "ours", UNWATCHED)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: per_message(*job), jobs), strict=True))
     for streaming in (False, True):
-        stock, ours = per_message("stock", streaming), per_message("ours", streaming)
-        unwatched = per_message(UNWATCHED, streaming)
+        stock, ours, unwatched = (counts[kind, streaming] for kind in ("stock", "ours", UNWATCHED))
         name = "streaming" if streaming else "blocking"
         print(
             f"{name + ' SendMessage':24} stock {stock:10,.0f}  ours {ours:10,.0f}  "
@@ -85,10 +103,10 @@ def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="the same: it is already one count each")
-    parser.add_argument("--worker", nargs=3, metavar=("KIND", "MODE", "COUNT"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("KIND", "MODE"), help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.worker:
-        kind, mode, count = arguments.worker
-        asyncio.run(send(kind, mode == "stream", int(count)))
+        kind, mode = arguments.worker
+        asyncio.run(send(kind, mode == "stream"))
     else:
         main(arguments.quick)
