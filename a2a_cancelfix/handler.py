@@ -204,7 +204,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 if refused and isinstance(result, Task) and result.id in refused:
                     return await self._remote.as_stored(result, context)
                 return result
-            await self._refuse_if_ended(params, context)
+            await _refuse_if_ended(self._lifecycle, params, context)
             lifecycle, message_id = self._lifecycle, params.message.message_id
             lifecycle.follow_up_accepted(message_id)
             try:
@@ -242,7 +242,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         observer = None if watchers is None else watchers.open(message.task_id, message_id)
         if follow_up:
             try:
-                await self._refuse_if_ended(params, context)
+                await _refuse_if_ended(self._lifecycle, params, context)
             except BaseException:
                 if watchers is not None and observer is not None:
                     watchers.close(observer)
@@ -259,7 +259,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 yield event
             else:
                 task_id = message.task_id or ("" if event is None else _task_id_of(event))
-                end = await self._end_being_recorded(task_id, context)
+                end = await _end_being_recorded(lifecycle, task_id, context)
                 if end is not None:
                     yield end
                 return
@@ -335,7 +335,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                     if params.id in self._remote.refused_tasks:
                         event = await self._remote.as_stored(event, context)
                 yield event
-            end = None if ended else await self._end_being_recorded(params.id, context)
+            end = None if ended else await _end_being_recorded(self._lifecycle, params.id, context)
             if end is not None:
                 yield end
         except A2AError:
@@ -346,38 +346,42 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
-    async def _end_being_recorded(
-        self, task_id: str, context: ServerCallContext
-    ) -> TaskStatusUpdateEvent | None:
-        """The end of a stream of ``task_id`` that ended with no terminal event: where its run
-        was closed while a cancel's CANCELED was still being written (the store slow, locked or
-        failing), the end the store holds once the write is over; else None.
 
-        Raises:
-            InternalError: the store never recorded it.
-        """
-        if not task_id:
-            return None
-        stored = await self._lifecycle.stored_end(task_id, context)
-        if stored is None:
-            return None
-        if stored.status.state not in _sdk.TERMINAL_STATES:
-            raise InternalError(message=f"The task store did not record the end of task {task_id}")
-        return TaskStatusUpdateEvent(task_id=task_id, context_id=stored.context_id, status=stored.status)
+async def _end_being_recorded(
+    lifecycle: Lifecycle, task_id: str, context: ServerCallContext
+) -> TaskStatusUpdateEvent | None:
+    """The end of a stream of ``task_id`` that ended with no terminal event: where its run was
+    closed while a cancel's CANCELED was still being written (the store slow, locked or
+    failing), the end the store holds once the write is over; else None.
 
-    async def _refuse_if_ended(self, params: SendMessageRequest, context: ServerCallContext) -> None:
-        """Refuse a message to a task being canceled or already terminal, as the spec says.
+    Raises:
+        InternalError: the store never recorded it.
+    """
+    if not task_id:
+        return None
+    stored = await lifecycle.stored_end(task_id, context)
+    if stored is None:
+        return None
+    if stored.status.state not in _sdk.TERMINAL_STATES:
+        raise InternalError(message=f"The task store did not record the end of task {task_id}")
+    return TaskStatusUpdateEvent(task_id=task_id, context_id=stored.context_id, status=stored.status)
 
-        Checked before the SDK sees the message: for a terminal task it would set up a run
-        whose queues it never closes (1.0.0-1.3.0 leak two asyncio tasks per such message).
-        Read first, as the caller: a task that is not the caller's is none of its business.
-        """
-        task_id = params.message.task_id
-        task = await self._lifecycle.read(task_id, context)
-        if task is None:
-            return  # The SDK answers TaskNotFoundError its own way.
-        if task_id in self._lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
-            raise _ended(params)
+
+async def _refuse_if_ended(
+    lifecycle: Lifecycle, params: SendMessageRequest, context: ServerCallContext
+) -> None:
+    """Refuse a message to a task being canceled or already terminal, as the spec says.
+
+    Checked before the SDK sees the message: for a terminal task it would set up a run whose
+    queues it never closes (1.0.0-1.3.0 leak two asyncio tasks per such message). Read first,
+    as the caller: a task that is not the caller's is none of its business.
+    """
+    task_id = params.message.task_id
+    task = await lifecycle.read(task_id, context)
+    if task is None:
+        return  # The SDK answers TaskNotFoundError its own way.
+    if task_id in lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
+        raise _ended(params)
 
 
 async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:

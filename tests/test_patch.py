@@ -12,10 +12,11 @@ import pytest
 from a2a.server.request_handlers import DefaultRequestHandler as SDKHandler
 from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import SendMessageRequest, UnsupportedOperationError
 
 import a2a_cancelfix
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.testing import ScriptedExecutor, Server, _wire, cancel, make_server, start, within
+from a2a_cancelfix.testing import ScriptedExecutor, Server, _wire, cancel, make_server, message, start, within
 from a2a_cancelfix.testing.servers import GRACE, OverTheWire
 from a2a_cancelfix.tools.scenarios import SCENARIOS, UNWATCHED_AFTER, Scenario, run_scenario
 
@@ -158,3 +159,27 @@ def test_the_sdks_own_handler_holds_the_contract_under_patch(scenario: Scenario,
         a2a_cancelfix.unpatch()
         a2a_cancelfix.patch(cancel_grace_period=GRACE, **{scenario.opt_in: UNWATCHED_AFTER})
     assert run_scenario(scenario, "stock") == scenario.expected
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["blocking", "streaming"])
+@pytest.mark.asyncio
+async def test_a_message_to_an_ended_task_is_refused_under_patch(patched: None, streamed: bool) -> None:
+    """The SDK's class runs our overrides under patch(), and they call only what patch() puts
+    there: a message to a task that has completed is refused with UnsupportedOperationError,
+    as ours refuses it (they called a method of our class alone: AttributeError)."""
+    executor = ScriptedExecutor()
+    server = served(DefaultRequestHandlerV2(**arguments(executor)), executor)
+    first = await start(server)
+    executor.step.open()
+    assert await within(first.ended()) and first.last == "COMPLETED"
+    request = SendMessageRequest(message=message("and then?", executor.task_id or ""))
+
+    async def send() -> None:
+        if streamed:
+            async for _event in server.calls.send_stream(request, "alice"):
+                pass
+        else:
+            await server.calls.send(request, "alice")
+
+    with pytest.raises(UnsupportedOperationError):
+        await within(send())
