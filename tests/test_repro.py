@@ -60,19 +60,37 @@ def printed_script(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
     return script
 
 
+def ends_on_its_assertion(result: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a script exited 1 on an AssertionError (as `check --repro` wants it to)."""
+    lines = result.stderr.strip().splitlines()
+    return result.returncode == 1 and bool(lines) and lines[-1].startswith("AssertionError: ")
+
+
 @pytest.mark.parametrize("scenario", FAILED_BY_STOCK, ids=[s.name for s in FAILED_BY_STOCK])
-def test_each_script_fails_on_stock_on_its_assertion(scenario, capsys, tmp_path: Path) -> None:
+def test_each_script_fails_on_stock_on_its_assertion(scenario, capsys, monkeypatch, tmp_path: Path) -> None:
     """For a scenario stock fails here, the printed script imports only a2a-sdk and the standard
     library, runs where a2a_cancelfix cannot be imported, and fails on its assertion."""
     if scenarios._wire.missing(scenario.transport):
         pytest.skip(f"{scenario.transport} is not installed: check does not run the scenario")
+    runs: list[subprocess.CompletedProcess[str]] = []
+
+    def fails_standalone(script: str) -> bool:
+        # check runs its script to see it fail: here that run is the standalone one, so each
+        # script runs once (an interpreter importing a2a-sdk, and for a hang its bounded waits).
+        # The test after this one runs check's own.
+        path = tmp_path / "repro.py"
+        path.write_text(script)
+        runs.append(run_standalone(path))
+        return ends_on_its_assertion(runs[-1])
+
+    monkeypatch.setattr(repro, "_fails", fails_standalone)
     if cli.main(["check", "--repro", scenario.name]) == 2:
         # Stock fails it over the wire only, where no in-process script can show it: a reason.
         assert "does not reproduce it here" in capsys.readouterr().err
         assert scenario.name in WIRE_ONLY.get(column(), ()), scenario.name
         return
     script = tmp_path / "repro.py"
-    script.write_text(capsys.readouterr().out)
+    assert capsys.readouterr().out.strip() == script.read_text().strip()  # The one it ran.
     imported = {
         (node.module if isinstance(node, ast.ImportFrom) else alias.name).partition(".")[0]
         for node in ast.walk(ast.parse(script.read_text()))
@@ -81,11 +99,21 @@ def test_each_script_fails_on_stock_on_its_assertion(scenario, capsys, tmp_path:
     }
     assert imported - {"__future__"} <= set(sys.stdlib_module_names) | ALLOWED
     assert f"\nEXPECTED = {scenario.expected!r}\n" in script.read_text()
-    result = run_standalone(script)
-    last = result.stderr.strip().splitlines()[-1]
+    (result,) = runs
     # "AssertionError: expected '...', got '...'"; on a loaded machine, maybe an earlier bounded wait's.
-    assert result.returncode == 1 and last.startswith("AssertionError: "), result.stderr
+    assert ends_on_its_assertion(result), result.stderr
     assert "ModuleNotFoundError" not in result.stderr and "ImportError" not in result.stderr
+
+
+def test_check_prints_a_script_only_once_it_saw_it_fail_on_its_assertion(capsys) -> None:
+    """`check --repro`'s own run of its script (patched out above): a script that fails on its
+    assertion is printed; one that passes, or fails otherwise, proves nothing."""
+    # Stock ends the sender's stream on WORKING on every release.
+    assert cli.main(["check", "--repro", "mid-run, sender's stream"]) == 0
+    assert "\nEXPECTED = " in capsys.readouterr().out
+    assert repro._fails("assert False, 'the defect'\n")
+    assert not repro._fails("print('no defect here')\n")
+    assert not repro._fails("raise RuntimeError('not the assertion')\n")
 
 
 def test_a_script_that_imports_a2a_cancelfix_is_caught(tmp_path: Path) -> None:
