@@ -112,6 +112,7 @@ def test_check_fails_when_a_scenario_does_not_hold(two_scenarios, monkeypatch, c
     assert cli.main(["check", "--fail-when-removable"]) == 1
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_runs_as_a_module() -> None:
     """`python -m a2a_cancelfix` is the same command."""
     result = subprocess.run(

@@ -270,6 +270,7 @@ async def test_origins_are_checked() -> None:
         await sweep(Pipeline, origins=("mars",))
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_the_sweep_command_prints_the_table_and_exits_by_the_rows() -> None:
     command = [sys.executable, "-m", "a2a_cancelfix", "sweep", "a2a_cancelfix.testing.examples:Pipeline"]
     good = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
