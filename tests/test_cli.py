@@ -57,12 +57,20 @@ def report_on(monkeypatch, *rows: check.ScenarioOutcomes) -> None:
     monkeypatch.setattr(check, "run_all", lambda: list(rows))
 
 
-def test_check_prints_json_and_succeeds(two_scenarios, capsys) -> None:
+def test_check_prints_json_and_succeeds(monkeypatch, capsys) -> None:
     """--json lists each scenario with stock, wrapped and our outcome, the scenarios stock fails
     and those not run, and exits 0 when ours hold."""
+    # Rows as given: real runs, four at once in one process, outlived a scenario's 2.5 s bound
+    # on a loaded machine; test_check_fails_when_a_scenario_does_not_hold runs real ones.
+    named = ("mid-run, cancel() empty", "cancel() hangs")
+    report_on(
+        monkeypatch,
+        check.ScenarioOutcomes(named[0], {**PASSES, "stock": "WORKING / WORKING"}, "CANCELED"),
+        check.ScenarioOutcomes(named[1], {**PASSES, "stock": "HANG"}, "CANCELED"),
+    )
     assert cli.main(["check", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [row["scenario"] for row in report["scenarios"]] == [s.name for s in two_scenarios]
+    assert [row["scenario"] for row in report["scenarios"]] == list(named)
     assert all(row["holds"] and row["ours"] == row["expected"] for row in report["scenarios"])
     assert report["scenarios"][1]["stock"] == "HANG"
     assert report["needed"] is True and "still needs a2a-cancelfix" in report["verdict"]
@@ -112,6 +120,7 @@ def test_check_fails_when_a_scenario_does_not_hold(two_scenarios, monkeypatch, c
     assert cli.main(["check", "--fail-when-removable"]) == 1
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_runs_as_a_module() -> None:
     """`python -m a2a_cancelfix` is the same command."""
     result = subprocess.run(

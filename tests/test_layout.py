@@ -93,6 +93,7 @@ def test_a_public_module_exports_exactly_its_documented_names(module: str) -> No
     assert not undocumented, f"{module} exports names the README does not name: {undocumented}"
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
     """Importing every runtime module, in a fresh interpreter, loads nothing of tools/ or testing/."""
     code = (
@@ -108,6 +109,7 @@ def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_python_dash_m_runs_the_command() -> None:
     """``python -m a2a_cancelfix`` is the ``a2a-cancelfix`` command."""
     shown = subprocess.run(

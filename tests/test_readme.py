@@ -65,6 +65,7 @@ def needs_frameworks(block: str) -> bool:
     return False
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 @pytest.mark.parametrize("number", range(len(recipe_blocks("python"))))
 def test_the_testing_sections_python_runs_as_written(number: int, tmp_path: Path) -> None:
     """A test the README shows passes under pytest-asyncio's strict mode; an excerpt of a
@@ -83,6 +84,7 @@ def test_the_testing_sections_python_runs_as_written(number: int, tmp_path: Path
     assert "1 passed" in result.stdout
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 @pytest.mark.parametrize("number", range(len(recipe_blocks("bash"))))
 def test_the_testing_sections_commands_run_as_written(number: int) -> None:
     """Each command the README shows exits 0, run from the repository as a user would."""

@@ -3,6 +3,7 @@
 import ast
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,23 +13,38 @@ from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, column
 
-STANDALONE = """
-import runpy, sys
+SCRIPT_TIMEOUT = 60
+"""Seconds a script may take: its own waits are bounded at 2.5 s each."""
+FORKS = f"""
+import os, runpy, signal, sys
 
 class NoCancelfix:
     \"\"\"Refuse a2a_cancelfix, installed or not: the script must stand alone.\"\"\"
 
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] == "a2a_cancelfix":
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked)")
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)")
         return None
 
 sys.meta_path.insert(0, NoCancelfix())
-runpy.run_path(sys.argv[1], run_name="__main__")
+import a2a.server.request_handlers, a2a.server.tasks, a2a.types, httpx  # What the scripts import.
+
+for line in sys.stdin:
+    script = line.rstrip("\\n")
+    child = os.fork()
+    if child == 0:  # The script's interpreter: it runs the script, then exits as one does.
+        signal.alarm({SCRIPT_TIMEOUT})
+        os.chdir(os.path.dirname(script))
+        for fd, suffix in ((1, ".out"), (2, ".err")):
+            os.dup2(os.open(script + suffix, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv = [script]
+        runpy.run_path(script, run_name="__main__")
+        sys.exit(0)
+    print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), flush=True)
 """
-"""Run a script (argv[1]) where a2a_cancelfix cannot be imported."""
-SCRIPT_TIMEOUT = 60.0
-"""Seconds a script may take: its own waits are bounded at 2.5 s each."""
+"""Read script paths, one a line; run each in a fork of this isolated interpreter (-I), which has
+imported what the scripts import and where a2a_cancelfix cannot be imported; print its exit status
+(its stdout and stderr are in SCRIPT.out and SCRIPT.err)."""
 ALLOWED = {"a2a", "httpx"}  # httpx: a2a-sdk's own dependency, for its push sender
 
 # Where stock fails a scenario over the wire only, by the README's column: its in-process
@@ -42,37 +58,62 @@ FAILED_BY_STOCK = [s for s in SCENARIOS if STOCK[s.name][column()] != s.expected
 """The scenarios the stock handler fails on the installed a2a-sdk, as the README table says."""
 
 
-def run_standalone(script: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` isolated (-I: no cwd, no PYTHONPATH, no user site) with a2a_cancelfix blocked."""
-    return subprocess.run(
-        [sys.executable, "-I", "-c", STANDALONE, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=SCRIPT_TIMEOUT,
-        cwd=script.parent,
+@pytest.fixture(scope="module")
+def standalone() -> Iterator[Callable[[Path], subprocess.CompletedProcess[str]]]:
+    """Run a script as on its own: in a fork of an interpreter that imported a2a-sdk once (each
+    fresh interpreter spent over a second of CPU on it), a2a_cancelfix blocked."""
+    forks = subprocess.Popen(
+        [sys.executable, "-I", "-c", FORKS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert forks.stdin is not None and forks.stdout is not None
+
+    def run(script: Path) -> subprocess.CompletedProcess[str]:
+        forks.stdin.write(f"{script}\n")
+        forks.stdin.flush()
+        status = forks.stdout.readline()  # The fork's alarm bounds the wait.
+        assert status, "the interpreter that forks the scripts is gone"
+        output, errors = (Path(f"{script}{suffix}").read_text() for suffix in (".out", ".err"))
+        return subprocess.CompletedProcess(str(script), int(status), output, errors)
+
+    try:
+        yield run
+    finally:
+        forks.stdin.close()
+        forks.wait(SCRIPT_TIMEOUT)
 
 
-def printed_script(name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Path:
-    assert cli.main(["check", "--repro", name]) == 0
-    script = tmp_path / "repro.py"
-    script.write_text(capsys.readouterr().out)
-    return script
+def ends_on_its_assertion(result: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a script exited 1 on an AssertionError (as `check --repro` wants it to)."""
+    lines = result.stderr.strip().splitlines()
+    return result.returncode == 1 and bool(lines) and lines[-1].startswith("AssertionError: ")
 
 
 @pytest.mark.parametrize("scenario", FAILED_BY_STOCK, ids=[s.name for s in FAILED_BY_STOCK])
-def test_each_script_fails_on_stock_on_its_assertion(scenario, capsys, tmp_path: Path) -> None:
+def test_each_script_fails_on_stock_on_its_assertion(
+    scenario, standalone, capsys, monkeypatch, tmp_path: Path
+) -> None:
     """For a scenario stock fails here, the printed script imports only a2a-sdk and the standard
     library, runs where a2a_cancelfix cannot be imported, and fails on its assertion."""
     if scenarios._wire.missing(scenario.transport):
         pytest.skip(f"{scenario.transport} is not installed: check does not run the scenario")
+    runs: list[subprocess.CompletedProcess[str]] = []
+
+    def fails_standalone(script: str) -> bool:
+        # check runs its script to see it fail: here that run is the standalone one, so each
+        # script runs once (a hang's bounded waits each time). The next test runs check's own.
+        path = tmp_path / "repro.py"
+        path.write_text(script)
+        runs.append(standalone(path))
+        return ends_on_its_assertion(runs[-1])
+
+    monkeypatch.setattr(repro, "_fails", fails_standalone)
     if cli.main(["check", "--repro", scenario.name]) == 2:
         # Stock fails it over the wire only, where no in-process script can show it: a reason.
         assert "does not reproduce it here" in capsys.readouterr().err
         assert scenario.name in WIRE_ONLY.get(column(), ()), scenario.name
         return
     script = tmp_path / "repro.py"
-    script.write_text(capsys.readouterr().out)
+    assert capsys.readouterr().out.strip() == script.read_text().strip()  # The one it ran.
     imported = {
         (node.module if isinstance(node, ast.ImportFrom) else alias.name).partition(".")[0]
         for node in ast.walk(ast.parse(script.read_text()))
@@ -81,18 +122,28 @@ def test_each_script_fails_on_stock_on_its_assertion(scenario, capsys, tmp_path:
     }
     assert imported - {"__future__"} <= set(sys.stdlib_module_names) | ALLOWED
     assert f"\nEXPECTED = {scenario.expected!r}\n" in script.read_text()
-    result = run_standalone(script)
-    last = result.stderr.strip().splitlines()[-1]
+    (result,) = runs
     # "AssertionError: expected '...', got '...'"; on a loaded machine, maybe an earlier bounded wait's.
-    assert result.returncode == 1 and last.startswith("AssertionError: "), result.stderr
+    assert ends_on_its_assertion(result), result.stderr
     assert "ModuleNotFoundError" not in result.stderr and "ImportError" not in result.stderr
 
 
-def test_a_script_that_imports_a2a_cancelfix_is_caught(tmp_path: Path) -> None:
+def test_check_prints_a_script_only_once_it_saw_it_fail_on_its_assertion(capsys) -> None:
+    """`check --repro`'s own run of its script (patched out above): a script that fails on its
+    assertion is printed; one that passes, or fails otherwise, proves nothing."""
+    # Stock ends the sender's stream on WORKING on every release.
+    assert cli.main(["check", "--repro", "mid-run, sender's stream"]) == 0
+    assert "\nEXPECTED = " in capsys.readouterr().out
+    assert repro._fails("assert False, 'the defect'\n")
+    assert not repro._fails("print('no defect here')\n")
+    assert not repro._fails("raise RuntimeError('not the assertion')\n")
+
+
+def test_a_script_that_imports_a2a_cancelfix_is_caught(standalone, tmp_path: Path) -> None:
     """The self-containment check works: a script importing a2a_cancelfix fails to import it."""
     script = tmp_path / "leans_on_us.py"
     script.write_text("import a2a_cancelfix\n")
-    result = run_standalone(script)
+    result = standalone(script)
     assert result.returncode == 1 and "No module named 'a2a_cancelfix' (blocked)" in result.stderr
 
 

@@ -201,6 +201,7 @@ def test_the_sweep_command_refuses_a_grace_period(
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 @pytest.mark.parametrize(
     ("spec", "said"),
     [
@@ -215,6 +216,7 @@ def test_the_sweep_command_refuses_what_is_no_executor_factory(spec: str, said: 
     assert said in result.stderr and "Traceback" not in result.stderr and not result.stdout
 
 
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_the_sweep_command_takes_released(tmp_path: Path) -> None:
     """From the shell too, a claim released outside ``finally`` fails its rows."""
     source = (ROOT / "a2a_cancelfix" / "testing" / "examples.py").read_text()
