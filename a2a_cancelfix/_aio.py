@@ -9,6 +9,7 @@ import functools
 import heapq
 import itertools
 import logging
+import math
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -60,13 +61,14 @@ class Deadlines:
         self._heap: list[list[Any]] = []  # [when, order, callback or None once dropped]
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf  # When the timer fires (inf: no timer).
         self._dropped = 0
 
     def at(self, when: float, callback: Callable[[], Any]) -> list[Any]:
         """Call ``callback`` once the loop's clock reaches ``when``; `drop` the entry to not."""
         entry = [when, next(self._order), callback]
         heapq.heappush(self._heap, entry)
-        if self._timer is None or when < self._timer.when():
+        if when < self._armed_at:
             self._arm(when)
         return entry
 
@@ -85,9 +87,10 @@ class Deadlines:
             self._timer.cancel()
         # In a context of its own: the caller's (a run's) must not live as long as the timer.
         self._timer = self.loop.call_at(when, self._fire, context=contextvars.Context())
+        self._armed_at = when
 
     def _fire(self) -> None:
-        self._timer = None
+        self._timer, self._armed_at = None, math.inf
         heap, now = self._heap, self.loop.time()
         while heap and (heap[0][0] <= now or heap[0][2] is None):
             callback = heapq.heappop(heap)[2]
@@ -148,16 +151,22 @@ class Once:
             for waiter in self._waiters:
                 _wake(waiter)
 
-    async def wait(self, deadline: float) -> bool:
+    async def wait(self, deadline: float | None = None) -> bool:
         """Wait until given or the loop's clock reaches ``deadline``; whether it was given.
 
         Even past the deadline the wait takes one loop turn: what was just interrupted may
-        end in it.
+        end in it. No deadline: whoever gives the signal gives it by a deadline of its own.
         """
         if self.given:
             return True
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if deadline is None:
+            try:
+                await waiter
+            finally:
+                self._waiters.remove(waiter)
+            return True
         timers = deadlines()
         entry = timers.at(deadline, functools.partial(_wake, waiter))
         try:
