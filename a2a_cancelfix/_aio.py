@@ -9,7 +9,6 @@ import functools
 import heapq
 import itertools
 import logging
-import math
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -61,14 +60,13 @@ class Deadlines:
         self._heap: list[list[Any]] = []  # [when, order, callback or None once dropped]
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
-        self._armed_at = math.inf  # When the timer fires (inf: no timer).
         self._dropped = 0
 
     def at(self, when: float, callback: Callable[[], Any]) -> list[Any]:
         """Call ``callback`` once the loop's clock reaches ``when``; `drop` the entry to not."""
         entry = [when, next(self._order), callback]
         heapq.heappush(self._heap, entry)
-        if when < self._armed_at:
+        if self._timer is None or when < self._timer.when():
             self._arm(when)
         return entry
 
@@ -87,10 +85,9 @@ class Deadlines:
             self._timer.cancel()
         # In a context of its own: the caller's (a run's) must not live as long as the timer.
         self._timer = self.loop.call_at(when, self._fire, context=contextvars.Context())
-        self._armed_at = when
 
     def _fire(self) -> None:
-        self._timer, self._armed_at = None, math.inf
+        self._timer = None
         heap, now = self._heap, self.loop.time()
         while heap and (heap[0][0] <= now or heap[0][2] is None):
             callback = heapq.heappop(heap)[2]
@@ -151,22 +148,16 @@ class Once:
             for waiter in self._waiters:
                 _wake(waiter)
 
-    async def wait(self, deadline: float | None = None) -> bool:
+    async def wait(self, deadline: float) -> bool:
         """Wait until given or the loop's clock reaches ``deadline``; whether it was given.
 
         Even past the deadline the wait takes one loop turn: what was just interrupted may
-        end in it. No deadline: whoever gives the signal gives it by a deadline of its own.
+        end in it.
         """
         if self.given:
             return True
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        if deadline is None:
-            try:
-                await waiter
-            finally:
-                self._waiters.remove(waiter)
-            return True
         timers = deadlines()
         entry = timers.at(deadline, functools.partial(_wake, waiter))
         try:

@@ -339,14 +339,13 @@ def drop_backlog(queue: EventQueue) -> dict[str, int]:
     incoming = getattr(queue, "_incoming_queue", None)
     if incoming is None or getattr(queue, "_is_closed", True):  # closing: its teardown's
         return {}
-    held = [incoming] if incoming.qsize() else []
+    held = [incoming]
     sink = getattr(queue, "_default_sink", None)
-    # EventQueueSink: 1.0.0-1.3.0
-    if sink is not None and not getattr(sink, "_is_closed", True) and sink.queue.qsize():
+    if sink is not None and not getattr(sink, "_is_closed", True):  # EventQueueSink: 1.0.0-1.3.0
         held.insert(0, sink.queue)  # the older events
-    if not held:  # The usual cancel: the consumer is waiting, nothing to sort.
-        return {}
     taken = [[q.get_nowait() for _ in range(q.qsize())] for q in held]
+    if not any(taken):  # The usual cancel: the consumer is waiting, nothing to sort.
+        return {}
     ended = any(terminal_state(event) is not None for events in taken for event in events)
     dropped: collections.Counter[str] = collections.Counter()
     for q, events in zip(held, taken, strict=True):
@@ -399,14 +398,11 @@ def unless_closed_by(active: LiveRun, deadline: float, stuck: Callable[[], Any])
     entry = timers.at(deadline, stuck)
 
     def closed(_: object) -> None:
-        # One task watched at a time: a callback (a loop handle) per task that ends last.
-        for task in running:
-            if not task.done():
-                task.add_done_callback(closed)
-                return
-        timers.drop(entry)
+        if all(task.done() for task in running):
+            timers.drop(entry)
 
-    running[-1].add_done_callback(closed)  # The consumer's, which ends after the producer's.
+    for task in running:
+        task.add_done_callback(closed)
 
 
 async def force_close(active: LiveRun, timeout: float) -> None:

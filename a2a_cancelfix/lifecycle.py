@@ -287,36 +287,32 @@ class Cancellation:
     Steps 2-6 are `carry_out`; interrupted, it can be called again and resumes.
     """
 
-    # Defaults, until a cancel sets its own: most cancels keep them all.
-    failure: BaseException | None = None  # What the executor's cancel() raised.
-    # The store holds CANCELED already (another replica recorded it): that is how the task
-    # ends, even if cancel() raises here.
-    recorded = False
-    # Said in the log, telemetry and the CANCELED status of a cancel with an origin of its
-    # own (nobody watched the task): the path, and the status message's text.
-    path: str | None = None
-    message: str | None = None
-    _call: asyncio.Future[None] | None = None
-    _driven = False  # carry_out waits for cancel() to return, then stops the work.
-    _settle_by: float | None = None  # Fixed by the first wait for the SDK's part.
-    # The direct CANCELED write's first attempt (the task as it ends up, or what the store
-    # raised), and the time the answer waits for it until: both fixed as it starts.
-    writing: asyncio.Future[Task | Exception | None] | None = None
-    write_by: float | None = None
-    write_outlived = False  # The answer came first: the write goes on behind it.
-    _cut_off_at: list[Any]  # The deadline entry that cuts cancel() off, once it is called.
-
     def __init__(self, lifecycle: Lifecycle, task_id: str, reason: str, span: Any) -> None:
         self.lifecycle = lifecycle
-        self.span = span  # Where its steps are recorded (None: nowhere): the request's, or the notice's.
+        self.span = span  # Where its steps are recorded: the request's span, or the notice's.
         self.task_id = task_id
         self.reason = reason
         self.deadline = deadline_in(lifecycle.settings.cancel_grace_period)
         self.step = Step.REQUESTED
         self.work = lifecycle.works.get(task_id)
+        self.failure: BaseException | None = None  # What the executor's cancel() raised.
+        # The store holds CANCELED already (another replica recorded it): that is how the
+        # task ends, even if cancel() raises here.
+        self.recorded = False
         self.callers: list[asyncio.Future[Task]] = []
+        # Said in the log, telemetry and the CANCELED status of a cancel with an origin of its
+        # own (nobody watched the task): the path, and the status message's text.
+        self.path: str | None = None
+        self.message: str | None = None
         self.done = Once()  # Published, or given up on: execute() may return.
+        self._call: asyncio.Future[None] | None = None
         self._returned = Once()
+        self._settle_by: float | None = None  # Fixed by the first wait for the SDK's part.
+        # The direct CANCELED write's first attempt (the task as it ends up, or what the store
+        # raised), and the time the answer waits for it until: both fixed as it starts.
+        self.writing: asyncio.Future[Task | Exception | None] | None = None
+        self.write_by: float | None = None
+        self.write_outlived = False  # The answer came first: the write goes on behind it.
 
     @property
     def late(self) -> bool:
@@ -375,8 +371,7 @@ class Cancellation:
             self.work.signalled()
             self.work.run.cancel(self.reason)
         self.reach(Step.SIGNALLED)
-        if self.span is not None:
-            _telemetry.step(self.span, "callbacks_fired", dropped=sum(dropped.values()))
+        _telemetry.step(self.span, "callbacks_fired", dropped=sum(dropped.values()))
 
     async def carry_out(
         self, context: RequestContext, queue: EventQueue, *, publish_first: bool = False
@@ -392,15 +387,11 @@ class Cancellation:
             self.signal(queue)
             await self._publish(publisher)
         self.call_cancel(context, publisher)
-        self._driven = True
         await self.cancel_returned()
-        if self.step >= Step.PUBLISHED:  # cancel()'s task went on to publish (see _go_on).
-            self.done.give()
-            return
         if self.work is not None:
             self.reach(Step.STOPPING)
             await self.work.stop(self.deadline, self.lifecycle.name)
-            if self.step < Step.STOPPED and self.span is not None:
+            if self.step < Step.STOPPED:
                 _telemetry.step(self.span, "work_stopped", abandoned=self.work.abandoned)
         self.reach(Step.STOPPED)
         await self._publish(publisher)
@@ -415,64 +406,34 @@ class Cancellation:
         """
         if self._call is None:
             self._call = asyncio.ensure_future(self._run_cancel(context, queue))
-            self._cut_off_at = deadlines().at(self.deadline, self._cut_off)
+            timers = deadlines()
+            cut_off = timers.at(self.deadline, self._cut_off)
+            self._call.add_done_callback(lambda _: timers.drop(cut_off))
 
     async def cancel_returned(self) -> None:
-        """Wait until ``cancel()`` has returned, raised or been cut off (which gives the
-        signal too: one deadline entry, not two)."""
-        await self._returned.wait()
+        """Wait until ``cancel()`` has returned, raised or been cut off."""
+        await self._returned.wait(self.deadline)
 
     async def _run_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
         self.signal(queue.__wrapped__)
         self.reach(Step.CALLING)
         try:
-            try:
-                await self.lifecycle.executor.cancel(context, queue)
-                if self.span is not None:
-                    _telemetry.step(self.span, "cancel_returned")
-            except Exception as error:
-                self.failure = error
-                if self.span is not None:
-                    _telemetry.step(self.span, "cancel_raised", error=type(error).__name__)
-                logger.warning(
-                    "%s.cancel() raised for task %s; the task ends FAILED",
-                    self.lifecycle.name,
-                    self.task_id,
-                    exc_info=error,
-                )
-            if not self._returned.given:  # Else cut off, but it swallowed that: too late.
-                deadlines().drop(self._cut_off_at)
-                await self._go_on(queue)
+            await self.lifecycle.executor.cancel(context, queue)
+            _telemetry.step(self.span, "cancel_returned")
+        except Exception as error:
+            self.failure = error
+            _telemetry.step(self.span, "cancel_raised", error=type(error).__name__)
+            logger.warning(
+                "%s.cancel() raised for task %s; the task ends FAILED",
+                self.lifecycle.name,
+                self.task_id,
+                exc_info=error,
+            )
         finally:
             self._returned.give()
 
-    async def _go_on(self, queue: _CancelQueue) -> None:
-        """Begin step 4 here, as ``cancel()`` returns, where `carry_out` would begin it on
-        waking; with no work to stop, publish too (steps 5 and 6).
-
-        When CANCELED is still to be published, the answer waits for it, which waits for
-        the work to stop: work still suspended where the cancel found it, and not shielded,
-        is interrupted before the driver is woken, so that it has ended by the time the
-        driver resumes (two loop turns fewer; one for a parked task). Only while `carry_out`
-        waits for ``cancel()`` (not for a look, which waits inside the run itself);
-        `Work.stop` does the rest, as always.
-        """
-        if not self._driven or weakref.ref(queue.__wrapped__) in _ended:
-            return  # cancel() published the end: its answer waits for the SDK, not for this.
-        work = self.work
-        if work is None:
-            self.reach(Step.STOPPED)
-            await self._publish(queue)
-            return
-        if work.runner is None or work.ended.given or work.abandoned:
-            return
-        if work.run.shielded or work.run.unwinding or work.moved:
-            return
-        self.reach(Step.STOPPING)
-        work._interrupt()
-
     def _cut_off(self) -> None:
-        if self._call is not None and not self._call.done() and not self._returned.given:
+        if self._call is not None and not self._call.done():
             logger.warning(
                 "%s.cancel() did not return within the grace period for task %s; "
                 "the task is canceled without it",
@@ -481,17 +442,15 @@ class Cancellation:
             )
             _telemetry.step(self.span, "cancel_cut_off")
             self._call.cancel()
-            self._returned.give()  # Its driver goes on now; the call unwinds in its own time.
 
     async def _publish(self, queue: _CancelQueue) -> None:
         state = FAILED if self.failure is not None and not self.recorded else CANCELED
-        if await queue.publish(state, self.message if state == CANCELED else None) and self.span is not None:
+        if await queue.publish(state, self.message if state == CANCELED else None):
             _telemetry.step(self.span, "terminal_published", state=TaskState.Name(state))
         self.reach(Step.PUBLISHED)
 
     def reach(self, step: Step) -> None:
-        if step > self.step:
-            self.step = step
+        self.step = max(self.step, step)
 
 
 class Lifecycle:
