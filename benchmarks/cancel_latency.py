@@ -49,6 +49,7 @@ def main(quick: bool) -> None:
         how = "each on an idle loop" if settled else "back to back"
         header(f"cancel latency: {count} cancels of a task mid-step in each of {processes} processes, {how}")
         shares = in_processes(__file__, [str(count), str(int(settled))], processes)
+        p50s = {}
         for mode, meaning in MODES.items():
             figures = {}
             for kind in ("stock", "ours"):
@@ -56,11 +57,18 @@ def main(quick: bool) -> None:
                 answers = sorted({answer for share in shares for _, answer in share[mode][kind]})
                 figures[kind] = (percentile(latencies, 0.5), percentile(latencies, 0.99), "/".join(answers))
             (s50, s99, s_answers), (o50, o99, o_answers) = figures["stock"], figures["ours"]
+            p50s[mode] = (s50, o50)
             print(
                 f"{meaning:28} stock p50 {s50 * 1e3:6.3f} ms p99 {s99 * 1e3:6.3f} ms -> {s_answers}; "
                 f"ours p50 {o50 * 1e3:6.3f} ms p99 {o99 * 1e3:6.3f} ms -> {o_answers}; "
                 f"p50 ours/stock {ratio(o50, s50)}"
             )
+        # The floor: stock whose cancel() publishes CANCELED, which ours always sends.
+        floor = p50s["publish"][0]
+        print(
+            f"{'':28} p50 ours/floor (stock, cancel() publishes): cancel() publishes "
+            f"{ratio(p50s['publish'][1], floor)}, cancel() is empty {ratio(p50s['empty'][1], floor)}"
+        )
 
 
 if __name__ == "__main__":

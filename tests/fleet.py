@@ -46,10 +46,12 @@ class FleetExecutor(AgentExecutor):
             await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
 
 
-async def start_fleet(server: Server, count: int) -> dict[str, Stream]:
+async def start_fleet(server: Server, count: int, *, slowdown: float = 1.0) -> dict[str, Stream]:
     """Start ``count`` streamed tasks, half working and half parked; wait until all are stored so.
 
     For a ``FleetExecutor``'s server (``make_server``); each stream by its task's id.
+    ``slowdown``: how many times slower than native the process runs (under valgrind, say),
+    which the bound of the wait is stretched by.
     """
     settled = asyncio.Event()
     seen: set[int] = set()
@@ -72,5 +74,5 @@ async def start_fleet(server: Server, count: int) -> dict[str, Stream]:
         )
         for index in range(count)
     ]
-    await within(settled.wait(), BOUND + count / 20)
+    await within(settled.wait(), (BOUND + count / 20) * slowdown)
     return {stream.events[0].id: stream for stream in streams}
