@@ -42,6 +42,8 @@ from .test_store import CANCELED, PG_DSN, WORKING, Database, make_task, open_dat
 
 # The whole cancel's bound: the grace period, the SDK's margin, the direct write's margin.
 ANSWER_BOUND = GRACE + 2 * lifecycle_module.MARGIN
+# What the caller is told while the CANCELED write waits for the store.
+NOT_YET = "has not recorded CANCELED yet"
 SLACK = 1.0
 # How long a CANCELED recorded behind the answer may take to land once the lock is gone: a
 # write that lost the race for the lock (SQLite fails it at once) is retried 0.1, 0.5, 1, 2 s on.
@@ -117,11 +119,7 @@ async def test_a_locked_row_does_not_hold_a_live_cancel_past_its_bound(kind: str
         stream = await start(server)
         task_id = server.executor.task_id or ""
         async with row_locked(kind, database, tmp_path, task_id):
-            writes.armed = True
-            answer = asyncio.ensure_future(server.calls.cancel(task_id, "alice"))
-            await within(writes.in_flight.wait())
-            with pytest.raises(InternalError, match="has not recorded CANCELED yet"):
-                await within(answer, ANSWER_BOUND + SLACK)
+            await _cancel_answers_internal_error(server, task_id, writes, match=NOT_YET)
             assert server.executor.stopped.is_set()
             assert await stored(server, task_id) == "WORKING"  # Said as it is: not yet.
         await eventually(lambda: _stored_is(server, task_id, "CANCELED"), seconds=LANDING)
@@ -163,11 +161,7 @@ async def test_a_locked_row_does_not_hold_a_cancel_not_live_here_past_its_bound(
         await start(a)
         task_id = a.executor.task_id or ""
         async with row_locked(kind, database, tmp_path, task_id):
-            writes.armed = True
-            answer = asyncio.ensure_future(b.calls.cancel(task_id, "alice"))
-            await within(writes.in_flight.wait())
-            with pytest.raises(InternalError, match="has not recorded CANCELED yet"):
-                await within(answer, ANSWER_BOUND + SLACK)
+            await _cancel_answers_internal_error(b, task_id, writes, match=NOT_YET)
             assert await stored(b, task_id) == "WORKING"
         await eventually(lambda: _stored_is(b, task_id, "CANCELED"), seconds=LANDING)
         a.executor.step.open()
@@ -217,6 +211,18 @@ def _sqlite_dir(database: Database, tmp_path: Path) -> Path:
     )
 
 
+async def _cancel_answers_internal_error(
+    server: Any, task_id: str, writes: Writes, match: str | None = None
+) -> None:
+    """Arm ``writes``, cancel through ``server``, and expect InternalError within the bound
+    once the CANCELED write is under way (and held)."""
+    writes.armed = True
+    answer = asyncio.ensure_future(server.calls.cancel(task_id, "alice"))
+    await within(writes.in_flight.wait())
+    with pytest.raises(InternalError, match=match):
+        await within(answer, ANSWER_BOUND + SLACK)
+
+
 async def _stored_is(server: Any, task_id: str, *states: str) -> bool:
     """Whether GetTask shows the task in one of ``states``."""
     return await stored(server, task_id) in states
@@ -241,11 +247,7 @@ async def test_a_statement_timeout_on_the_canceled_write_leaves_no_task_working_
         stream = await start(server)
         task_id = server.executor.task_id or ""
         async with row_locked("postgresql", database, tmp_path, task_id):
-            writes.armed = True
-            answer = asyncio.ensure_future(server.calls.cancel(task_id, "alice"))
-            await within(writes.in_flight.wait())
-            with pytest.raises(InternalError):
-                await within(answer, ANSWER_BOUND + SLACK)
+            await _cancel_answers_internal_error(server, task_id, writes)
             assert server.executor.stopped.is_set()
             await eventually(lambda: _closed(server, task_id))  # Nothing runs it here any more.
             assert await stored(server, task_id) == "WORKING"
