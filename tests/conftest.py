@@ -1,6 +1,6 @@
-import gc
 import importlib.metadata
 import sys
+import traceback
 
 import pytest
 
@@ -15,6 +15,16 @@ def pytest_report_header() -> str:
 
 pytest_plugins = ["pytester"]
 
+# CPython 3.11 and 3.12 keep the AST builder's depth count in one place per interpreter
+# (cpython#106905), and their tracebacks parse each line to place the carets. A finalizer that
+# formats a traceback while some other code parses (pytest rewriting a module, reporting a
+# failure, another traceback) makes the outer parse raise SystemError; in an xdist worker that
+# is a crash ("node down: Not properly terminated"). The SDK's dispatch tasks, left pending by
+# every bench and collected at any time, log OpenTelemetry's "Failed to detach context" with
+# its traceback as they close. Without the parse, tracebacks mark the whole expression.
+if sys.version_info < (3, 13):
+    traceback._extract_caret_anchors_from_line_segment = lambda segment: None  # type: ignore[attr-defined]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -22,23 +32,3 @@ def pytest_configure(config: pytest.Config) -> None:
         "edges_only: run by nox on the oldest and newest a2a-sdk release only; the code path it "
         "adds does not differ between releases (noxfile.py says which and why)",
     )
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
-    """Report a failure with the collector held off.
-
-    CPython 3.11's AST builder keeps its depth count in one place per process (cpython#106905).
-    The collector can run finalizers in the middle of pytest's ``ast.parse`` of the failing
-    source: a stock handler's leaked dispatch task, closed there, logs OpenTelemetry's "Failed
-    to detach context" with its traceback, whose formatting parses too. The outer parse then
-    raises ``SystemError``, the xdist worker crashes, and the failure itself is never shown.
-    """
-    if call.excinfo is None:
-        return (yield)
-    gc.collect()  # Those finalizers run now, on their own.
-    gc.disable()
-    try:
-        return (yield)
-    finally:
-        gc.enable()
