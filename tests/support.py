@@ -9,6 +9,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from a2a_cancelfix.testing import Report
+
 
 def tasks_since(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
     """The tasks started since ``before`` was taken that have not ended, but the caller's own."""
@@ -42,3 +44,9 @@ def logged(text: str, logger: str = "a2a_cancelfix") -> Iterator[asyncio.Event]:
         yield event
     finally:
         logging.getLogger(logger).removeHandler(handler)
+
+
+def told(report: Report) -> str:
+    """A failing sweep's broken promises first, then its table: a CI log may keep only the start."""
+    broken = [f"{row.moment} ({row.origin}): {'; '.join(row.failures)}" for row in report.failures]
+    return "\n".join([*broken, "", str(report)])

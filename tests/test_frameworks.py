@@ -14,6 +14,8 @@ import pytest
 
 from a2a_cancelfix.testing import sweep
 
+from .support import told
+
 EXAMPLES = Path(__file__).parent.parent / "examples"
 GRACE = 0.2
 
@@ -34,7 +36,7 @@ async def test_an_adk_agent_sweeps_clean(factory: str) -> None:
     import adk_agent
 
     report = await sweep(getattr(adk_agent, factory), grace_period=GRACE)
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     kinds = {row.point.kind for row in report.rows[1:] if row.point}
     assert {"publish", "published", "ended"} <= kinds
 
@@ -46,7 +48,7 @@ async def test_a_langgraph_agent_behind_a2a_adapter_sweeps_clean() -> None:
     import langgraph_agent
 
     report = await sweep(langgraph_agent.executor, grace_period=GRACE)
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     assert len(report.rows) > 1
 
 

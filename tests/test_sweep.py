@@ -21,6 +21,7 @@ from a2a_cancelfix.tools.cli import main
 from a2a_cancelfix.tools.demo import DemoAgent
 
 from . import sweep_executors as broken
+from .support import told
 
 ROOT = Path(__file__).parent.parent
 GRACE = 0.2
@@ -147,7 +148,7 @@ async def test_a_remote_cancel_must_be_noticed_at_the_next_checkpoint() -> None:
 )
 async def test_good_executors_hold_on_every_row(executor: object, released: object) -> None:
     report = await swept(executor, released=released)
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     if executor is Pipeline:
         assert f"holds\non all {len(report.rows)} rows" in (ROOT / "README.md").read_text()
     kinds = {row.point.kind for row in report.rows[1:] if row.point}
@@ -168,7 +169,7 @@ async def test_a_task_nobody_watches_stops_on_every_row(
     """Asked for, the ``unwatched`` origin: the sender's client leaves at the point, nobody else
     watches, and ``cancel_unwatched_after`` cancels the task; its rows replay from their files."""
     report = await swept(executor, origins=("unwatched",), released=released)
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     rows = report.rows[1:]
     assert rows and {row.origin for row in rows} == {"unwatched"}
     cancelled = [row for row in rows if row.seen["store"] == "CANCELED"]
@@ -214,7 +215,7 @@ async def test_a_parked_conversation_holds_for_cancels_on_its_replica() -> None:
     """Parked, followed up, and cancelled before the follow-up's execute() starts."""
     demo = functools.partial(DemoAgent, 0.001, 0.001)
     report = await swept(demo, message=["ask", "markdown"], origins=("local", "client leaves"))
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     landings = {(row.point.kind, row.landing) for row in report.rows[1:] if row.point}
     assert {("parked", "alone"), ("parked", "follow-up racing"), ("start", "")} <= landings
 
@@ -225,7 +226,7 @@ async def test_a_remote_cancel_of_a_parked_task_reaches_its_replica() -> None:
     poll interval, so its subscriber and push configs end on CANCELED too."""
     demo = functools.partial(DemoAgent, 0.001, 0.001)
     report = await swept(demo, message=["ask", "markdown"], origins=("remote",))
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     parked = [row for row in report.rows if row.point and row.point.kind == "parked"]
     assert len(parked) == 2
     assert all(row.seen["subscriber"] == row.seen["push"] == "CANCELED" for row in parked)

@@ -18,6 +18,7 @@ from a2a_cancelfix.testing.scenario_file import ScenarioError
 from a2a_cancelfix.tools.cli import main
 
 from . import field_executors as field
+from .support import told
 from .test_sweep import GRACE, ROOT, swept
 
 
@@ -27,7 +28,7 @@ async def test_suspensions_inside_one_library_call_are_one_await(executor: type)
     """An installed package's call that suspends twice is one await of the user's code: no row
     says the run went on to await it after the cancel."""
     report = await swept(executor)
-    assert report.ok, str(report)
+    assert report.ok, told(report)
     awaits = {row.point.path for row in report.rows[1:] if row.point and row.point.kind == "await"}
     assert awaits and all(path.startswith("await fakelib.") for path in awaits), awaits
 
@@ -40,7 +41,7 @@ async def test_idle_pool_workers_are_no_leak(executor: type) -> None:
     interrupted row of OnAnyioThreads): the leftovers get a second, which an idle worker taken
     for a busy one would exceed all the same."""
     report = await sweep(executor, grace_period=1.0)
-    assert report.ok, str(report)
+    assert report.ok, told(report)
 
 
 @pytest.mark.asyncio
@@ -53,7 +54,7 @@ async def test_a_thread_that_threading_learns_of_mid_run_is_not_the_executors() 
         report = await swept(lambda: field.WakesAForeignThread(foreign))
     finally:
         foreign.done.set()
-    assert report.ok, str(report)
+    assert report.ok, told(report)
 
 
 @pytest.mark.asyncio
