@@ -72,13 +72,15 @@ def tests(session: nox.Session, sdk: str) -> None:
     """Run the suite against one a2a-sdk release."""
     session.install("-e", ".[test]", _sdk_requirement(sdk))
     selection = [] if sdk in EDGES else ["-m", "not edges_only"]
-    # Two workers: much of the suite waits (server processes starting, databases, timers). More
-    # starve the scenarios' 2.5 s bounds on a loaded machine: with three or four on two cores,
-    # busy with other work, check's and the stock scenarios' rows came out HANG.
+    # Four workers on two cores: most of the suite waits (server processes starting, databases,
+    # timers, grace periods), so two kept the cores half idle. On an idle machine a middle
+    # release took 102 s with two, 59 s with four, 56 s with six (at a fifth more CPU). On a
+    # machine busy with other work (load 8-11), three or four starved the scenarios' 2.5 s
+    # bounds: `-- -n 2` there.
     # With bytecode written (PYTHONDONTWRITEBYTECODE is set on some CI images), every worker and
     # every interpreter a test starts would compile the package, the tests and the SDK anew.
     session.run(
-        "pytest", "--numprocesses=2", *selection, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": None}
+        "pytest", "--numprocesses=4", *selection, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": None}
     )
 
 
