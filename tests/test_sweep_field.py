@@ -5,9 +5,11 @@ the blame on the right code, and scenario files that are checked and survive edi
 from __future__ import annotations
 
 import asyncio
+import queue
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from a2a_cancelfix.testing import play, sweep
 from a2a_cancelfix.testing.examples import Pipeline
 from a2a_cancelfix.testing.scenario_file import ScenarioError
+from a2a_cancelfix.testing.sweep import _working
 from a2a_cancelfix.tools.cli import main
 
 from . import field_executors as field
@@ -42,6 +45,39 @@ async def test_idle_pool_workers_are_no_leak(executor: type) -> None:
     for a busy one would exceed all the same."""
     report = await sweep(executor, grace_period=1.0)
     assert report.ok, told(report)
+
+
+class AnyioLikeWorker(threading.Thread):
+    """A pool worker as anyio's are: the items it takes come from its ``queue``; here it is
+    held past its item, as one is while the collector runs a finalizer in it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.queue: queue.Queue[int] = queue.Queue()
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def run(self) -> None:
+        self.queue.get()
+        self.queue.task_done()
+        self.held.set()
+        self.release.wait(10)
+
+
+def test_a_pool_worker_past_its_item_runs_no_work() -> None:
+    """Judged by its queue, not by where its frames are: an anyio worker still in its loop
+    after its item was done made the interrupted row of OnAnyioThreads fail under xdist."""
+    worker = AnyioLikeWorker()
+    worker.start()
+    try:
+        worker.queue.put(1)
+        assert worker.held.wait(10)
+        assert not _working(worker)
+        worker.queue.put(2)  # Taken by nobody: an item not yet done is work.
+        assert _working(worker)
+    finally:
+        worker.release.set()
+        worker.join(10)
 
 
 @pytest.mark.asyncio

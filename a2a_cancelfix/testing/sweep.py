@@ -19,6 +19,7 @@ import inspect
 import json
 import math
 import os
+import queue
 import sys
 import threading
 import time
@@ -676,7 +677,7 @@ class _World:
             await asyncio.to_thread(_join, busy, threads, grace)
         if any(not work.done() for work in busy) or any(_working(thread) for thread in threads):
             stuck = [thread for thread in (*self.pool.threads(), *threads) if _working(thread)]
-            running = sorted({describe(users_frame(_frame_of(thread))) for thread in stuck} - {""})
+            running = sorted({_doing(thread) for thread in stuck} - {""})
             in_code = f", in {' and '.join(running)}" if running else ""
             row.failures.append(f"a thread it started still ran {grace:g} s after {when}{in_code}")
 
@@ -776,8 +777,23 @@ def _frame_of(thread: threading.Thread) -> Any:
     return sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
 
 
+def _doing(thread: threading.Thread) -> str:
+    """What a thread runs, for people: the user's code in it, else its innermost frame."""
+    frame = _frame_of(thread)
+    mine = users_frame(frame)
+    if mine is not None or frame is None:
+        return describe(mine)
+    return f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name} (no code of the executor's)"
+
+
 def _working(thread: threading.Thread) -> bool:
     """Whether ``thread`` still runs something: alive, and not a pool worker waiting for work."""
+    items = getattr(thread, "queue", None)
+    if isinstance(items, queue.Queue) and thread.is_alive():
+        # anyio's worker marks the item it took done once it has handed the result back: past
+        # that it runs no work of anyone's, whatever its frames show (it may be running a
+        # finalizer the collector put there).
+        return items.unfinished_tasks > 0
     frame = _frame_of(thread)
     while frame is not None and frame.f_globals.get("__name__") == "threading":
         frame = frame.f_back  # A lock or condition it waits on: what waits there tells.
