@@ -677,7 +677,8 @@ class _World:
             await asyncio.to_thread(_join, busy, threads, grace)
         if any(not work.done() for work in busy) or any(_working(thread) for thread in threads):
             stuck = [thread for thread in (*self.pool.threads(), *threads) if _working(thread)]
-            running = sorted({_doing(thread) for thread in stuck} - {""})
+            running = sorted({describe(users_frame(_frame_of(thread))) for thread in stuck} - {""})
+            running = running or sorted({_innermost(thread) for thread in stuck} - {""})
             in_code = f", in {' and '.join(running)}" if running else ""
             row.failures.append(f"a thread it started still ran {grace:g} s after {when}{in_code}")
 
@@ -777,12 +778,11 @@ def _frame_of(thread: threading.Thread) -> Any:
     return sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
 
 
-def _doing(thread: threading.Thread) -> str:
-    """What a thread runs, for people: the user's code in it, else its innermost frame."""
+def _innermost(thread: threading.Thread) -> str:
+    """Where a thread running none of the executor's code is, for people."""
     frame = _frame_of(thread)
-    mine = users_frame(frame)
-    if mine is not None or frame is None:
-        return describe(mine)
+    if frame is None:
+        return ""
     return f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name} (no code of the executor's)"
 
 
