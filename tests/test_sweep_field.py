@@ -51,6 +51,8 @@ class AnyioLikeWorker(threading.Thread):
     """A pool worker as anyio's are: the items it takes come from its ``queue``; here it is
     held past its item, as one is while the collector runs a finalizer in it."""
 
+    __module__ = "anyio._backends._asyncio"  # Where anyio's WorkerThread is defined.
+
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.queue: queue.Queue[int] = queue.Queue()

@@ -789,11 +789,11 @@ def _innermost(thread: threading.Thread) -> str:
 def _working(thread: threading.Thread) -> bool:
     """Whether ``thread`` still runs something: alive, and not a pool worker waiting for work."""
     items = getattr(thread, "queue", None)
-    if isinstance(items, queue.Queue) and thread.is_alive():
+    if type(thread).__module__.startswith("anyio.") and isinstance(items, queue.Queue):
         # anyio's worker marks the item it took done once it has handed the result back: past
         # that it runs no work of anyone's, whatever its frames show (it may be running a
         # finalizer the collector put there).
-        return items.unfinished_tasks > 0
+        return thread.is_alive() and items.unfinished_tasks > 0
     frame = _frame_of(thread)
     while frame is not None and frame.f_globals.get("__name__") == "threading":
         frame = frame.f_back  # A lock or condition it waits on: what waits there tells.
