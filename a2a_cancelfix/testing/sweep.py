@@ -770,7 +770,8 @@ def _join(
 
 
 # Where a pool's worker thread waits for its next work item: concurrent.futures' (and so
-# asyncio's) on a SimpleQueue, in C, inside _worker; anyio's in queue.Queue.get.
+# asyncio's) on a SimpleQueue, in C, inside _worker; another pool's in queue.Queue.get (anyio's
+# are judged by their queue, in `_working`).
 _IDLE_AT = {("concurrent.futures.thread", "_worker"), ("queue", "get")}
 
 
