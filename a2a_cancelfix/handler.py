@@ -12,7 +12,7 @@ from typing import Any, Literal
 from a2a.server.agent_execution import AgentExecutor
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandlerV2
-from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
+from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -35,7 +35,7 @@ from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, Lifecycle, Settings
 from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
-from a2a_cancelfix.store import FinalStateTaskStore
+from a2a_cancelfix.store import FinalStateTaskStore, guardable
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -444,12 +444,9 @@ def _state_name(task: Task) -> str:
 
 def _guarded(store: Any) -> Any:
     """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet."""
-    # Exactly the SDK's: the guard writes through their insides, past a subclass's own save.
-    if isinstance(store, FinalStateTaskStore):
-        return store
-    if type(store) in (InMemoryTaskStore, DatabaseTaskStore) or _sdk.is_versioned_database_store(store):
-        return FinalStateTaskStore(store)
-    return store  # Guarded already, or a store whose guard would be a read then a write, a race.
+    if isinstance(store, FinalStateTaskStore) or not guardable(store):
+        return store  # Guarded already, or a store whose guard would be a read then a write, a race.
+    return FinalStateTaskStore(store)
 
 
 # The SDK's own constructor and shutdown, as the SDK defines them: ours call them, also once

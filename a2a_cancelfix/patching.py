@@ -103,6 +103,11 @@ def unpatch() -> None:
     logger.info("a2a_cancelfix unpatched a2a-sdk %s", _sdk.SDK_VERSION)
 
 
+def is_patched() -> bool:
+    """Whether `patch()` is in force: a handler of the SDK's class built now is ours."""
+    return _replaced is not None
+
+
 def _ours_if_built_so(ours: Callable[..., Any], sdk: Any) -> Callable[..., Any]:
     """Our method for a handler our constructor built; the SDK's for one built before."""
 

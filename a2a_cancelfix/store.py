@@ -123,6 +123,9 @@ class FinalStateTaskStore(TaskStore):
         # Set by our handler: told the id of each task whose save was refused because the
         # stored task had ended; a run on this replica learns so that another one ended it.
         self.on_final: list[Callable[[str], None]] = []
+        # Told the id of each task after each save of it, written or refused: for waits on
+        # what the store shows (the testing kit's), which then look again instead of polling.
+        self.on_saved: list[Callable[[str], None]] = []
         self._guarded = self._guard(store)
 
     def _guard(self, store: Any) -> Any:
@@ -153,6 +156,11 @@ class FinalStateTaskStore(TaskStore):
             self._refused(task, stored)
         elif task.status.state == CANCELED and self.notices is not None:
             await self.notices.announce(task.id)
+        self._told_saved(task)
+
+    def _told_saved(self, task: Task) -> None:
+        for saved in self.on_saved:
+            saved(task.id)
 
     def _refused(self, task: Task, stored: int) -> None:
         """Tell our handler, and log, that a save over the ended task was refused."""
@@ -190,6 +198,12 @@ class FinalStateTaskStore(TaskStore):
     def delete(self, task_id: str, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
         """Delete the task from the wrapped store (a delete is not a save: it is not refused)."""
         return self.wrapped.delete(task_id, context)  # type: ignore[no-any-return]
+
+
+def guardable(store: Any) -> bool:
+    """Whether a `FinalStateTaskStore` can wrap ``store``: exactly one of the SDK's stores
+    (the guard writes through their insides, past a subclass's own save)."""
+    return type(store) in (InMemoryTaskStore, DatabaseTaskStore) or _sdk.is_versioned_database_store(store)
 
 
 def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
@@ -303,7 +317,7 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
         async def save(task: Task, context: ServerCallContext) -> None:
             async with lock:
                 stored = check_and_write(task, owner_of(context))
-            if stored is not None or guard.notices is not None:
+            if stored is not None or guard.notices is not None or guard.on_saved:
                 await guard._saved(task, stored)
 
         return save
@@ -314,7 +328,7 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
         owner = owner_of(context)
         with lock:
             stored = check_and_write(task, owner)
-        if stored is not None or guard.notices is not None:
+        if stored is not None or guard.notices is not None or guard.on_saved:
             await guard._saved(task, stored)
 
     return save_held
@@ -430,6 +444,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
                     version = await self._guarded(task, event, prev_version, owner)
                     break
                 except _Refused as refused:
+                    self._told_saved(task)
                     return self._refused_versioned(task, refused)
                 except DBAPIError as error:
                     if not _sdk.is_transient(error) or attempts >= most:
@@ -437,6 +452,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
                     await asyncio.sleep(delay * attempts)
             if task.status.state == CANCELED and self.notices is not None:
                 await self.notices.announce(task.id)
+            self._told_saved(task)
             return version
 
         def _refused_versioned(self, task: Task, refused: _Refused) -> Any:

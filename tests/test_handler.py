@@ -547,3 +547,17 @@ async def test_a_canceled_the_store_failed_to_record_is_recorded_once_it_recover
 
 async def _stored_in(server: Server, task_id: str, states: tuple[str, ...]) -> bool:
     return await stored(server, task_id) in states
+
+
+@pytest.mark.asyncio
+async def test_reached_step_refuses_a_store_that_cannot_tell_of_its_saves() -> None:
+    """A Server built by hand around the SDK's handler on a bare store: reached_step says what
+    it needs at once, rather than wait out its bound for saves nobody reports."""
+    executor = ScriptedExecutor()
+    card = make_server("stock", executor).handler._agent_card
+    handler = DefaultRequestHandlerV2(
+        agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card
+    )
+    server = Server(handler, executor, handler.task_store, PushReceiver(), Calls(handler))
+    with pytest.raises(TypeError, match="make_server"):
+        await within(reached_step(server))

@@ -15,7 +15,7 @@ from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import SendMessageRequest, UnsupportedOperationError
 
 import a2a_cancelfix
-from a2a_cancelfix import _sdk
+from a2a_cancelfix import FinalStateTaskStore, _sdk
 from a2a_cancelfix.testing import ScriptedExecutor, Server, _wire, cancel, make_server, message, start, within
 from a2a_cancelfix.testing.servers import GRACE, OverTheWire
 from a2a_cancelfix.tools.scenarios import SCENARIOS, UNWATCHED_AFTER, Scenario, run_scenario
@@ -54,9 +54,13 @@ async def stream_after_cancel(server: Server) -> str:
     return stream.last
 
 
-def arguments(executor: ScriptedExecutor) -> dict:
+def arguments(executor: ScriptedExecutor, *, told: bool = False) -> dict:
+    """A handler's arguments; ``told``: its store tells the kit of its saves (the SDK's own
+    handler does not guard its store, so it is given a guarded one: nothing here saves over
+    an ended task, the only save a guard refuses)."""
     card = make_server("stock", executor).handler._agent_card
-    return {"agent_executor": executor, "task_store": InMemoryTaskStore(), "agent_card": card}
+    store = FinalStateTaskStore(InMemoryTaskStore()) if told else InMemoryTaskStore()
+    return {"agent_executor": executor, "task_store": store, "agent_card": card}
 
 
 @pytest.mark.asyncio
@@ -105,7 +109,7 @@ async def test_unpatch_restores_the_sdks_own_handler() -> None:
         for name in ("__init__", "on_cancel_task", "on_message_send_stream")
     )
     executor = ScriptedExecutor()
-    handler = DefaultRequestHandlerV2(**arguments(executor))
+    handler = DefaultRequestHandlerV2(**arguments(executor, told=True))
     assert not hasattr(handler, "cancel_grace_period")
     assert await stream_after_cancel(served(handler, executor)) == "WORKING"
 
@@ -114,7 +118,7 @@ async def test_unpatch_restores_the_sdks_own_handler() -> None:
 async def test_a_handler_built_before_patch_keeps_the_sdks_behaviour() -> None:
     """patch() changes the handlers built after it: one built before stays the SDK's, unbroken."""
     executor = ScriptedExecutor()
-    before = DefaultRequestHandlerV2(**arguments(executor))
+    before = DefaultRequestHandlerV2(**arguments(executor, told=True))
     a2a_cancelfix.patch(cancel_grace_period=GRACE)
     try:
         assert await stream_after_cancel(served(before, executor)) == "WORKING"

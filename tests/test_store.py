@@ -423,6 +423,41 @@ async def any_sdk_store(request: pytest.FixtureRequest, tmp_path: Path) -> Async
 
 
 @pytest.mark.asyncio
+async def test_every_save_is_told_written_or_refused(any_sdk_store: Any) -> None:
+    """``on_saved`` hears of each save once it is over, written or refused, on every store the
+    guard wraps: what the testing kit's waits on GetTask look again at."""
+    store, alice = FinalStateTaskStore(any_sdk_store), caller("alice")
+    told: list[tuple[str, str | None]] = []
+
+    async def state() -> str | None:
+        stored = await store.get("task-1", alice)
+        task = getattr(stored, "task", stored)  # A StoredTask, from a versioned store.
+        return None if task is None else TaskState.Name(task.status.state)
+
+    def saved(task_id: str) -> None:
+        told.append((task_id, None))
+
+    store.on_saved.append(saved)
+    states = (WORKING, CANCELED, COMPLETED)
+    if _sdk.is_versioned_database_store(any_sdk_store):
+        from a2a.server.cluster import ConcurrentTaskModificationError, TaskVersion
+
+        version = TaskVersion.MISSING
+        for each in states[:2]:
+            version = await store.save(make_task(each), prev=None, prev_version=version, context=alice)
+            told[-1] = (told[-1][0], await state())
+        with pytest.raises(ConcurrentTaskModificationError):  # Refused.
+            await store.save(make_task(COMPLETED), prev=None, prev_version=version, context=alice)
+    else:
+        for each in states:
+            await store.save(make_task(each), alice)
+            told[-1] = (told[-1][0], await state())
+    # Each told after its write: the store already showed it (the refused one, what it kept).
+    assert told[:2] == [("task-1", "TASK_STATE_WORKING"), ("task-1", "TASK_STATE_CANCELED")]
+    assert [task_id for task_id, _ in told] == ["task-1"] * 3
+
+
+@pytest.mark.asyncio
 async def test_a_subclass_wraps_every_store(any_sdk_store: Any) -> None:
     """A subclass of FinalStateTaskStore wraps each store the class wraps, keeps its own
     methods, and a terminal state stays final through it."""

@@ -86,7 +86,12 @@ class Probe:
     interrupt arrives there).
     """
 
-    def __init__(self, target: tuple[str, str, int] | None = None, pending: bool = False) -> None:
+    def __init__(
+        self,
+        target: tuple[str, str, int] | None = None,
+        pending: bool = False,
+        visit: Callable[[Point], Awaitable[None]] | None = None,
+    ) -> None:
         self.points: list[Point] = []
         self.target = target  # A point's key.
         self.pending = pending  # At an await target: hold while it is pending, not as it returns.
@@ -100,7 +105,7 @@ class Probe:
         self.late: list[str] = []  # What the run did after the cancel that it should not have.
         self.cut_shields: list[str] = []
         self.finished = asyncio.Event()  # The last run's execute() has returned or raised.
-        self.visit: Callable[[Point], Awaitable[None]] | None = None  # Awaited at each point.
+        self.visit = visit  # Awaited at each point.
         self._in_enqueue = False
 
     # The points.
@@ -125,6 +130,11 @@ class Probe:
     def open(self) -> None:
         if not self.gate.done():
             self.gate.set_result(None)
+
+    def must_notice(self, landed: bool) -> None:
+        """Whether a cancel that applies to the run was made: from now, the run must notice it
+        before it goes on to another await of its own."""
+        self.landed = landed
 
     # What the run does, seen from inside it.
 

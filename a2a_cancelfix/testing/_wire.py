@@ -152,10 +152,16 @@ async def uvicorn_serving(
     """
     import uvicorn
 
+    class Server(uvicorn.Server):
+        """One whose lifespan is made with it: uvicorn's main loop, not run here, makes it."""
+
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self.lifespan = config.lifespan_class(config)
+
     config = uvicorn.Config(app, lifespan="off", **{"log_level": "warning", "log_config": None, **options})
     config.load()
-    server = uvicorn.Server(config)
-    server.lifespan = config.lifespan_class(config)
+    server = Server(config)
     await server.startup(sockets=[listener])
     try:
         yield server

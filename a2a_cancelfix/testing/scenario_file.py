@@ -157,10 +157,8 @@ def play(path: str | Path) -> Report:
     check_setup(factory, scenario.grace_period)
     cancel = scenario.cancel
     point = Point(-1, cancel.kind, cancel.at, "", cancel.occurrence, cancel.shielded)
-    plan = Plan(factory, scenario.messages, scenario.grace_period, released, scenario.executor)
-    plan.expect = {
-        name: _allowed(value) for name, value in scenario.expect.model_dump(exclude_none=True).items()
-    }
+    expect = {name: _allowed(value) for name, value in scenario.expect.model_dump(exclude_none=True).items()}
+    plan = Plan(factory, scenario.messages, scenario.grace_period, released, scenario.executor, expect=expect)
     with concurrent.futures.ThreadPoolExecutor(1) as thread:  # Its own loop, whoever calls.
         row = thread.submit(in_own_loop, plan.row, point, cancel.origin, cancel.landing).result()
     return Report([row])

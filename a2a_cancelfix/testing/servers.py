@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
 from typing import Any
 
+import wrapt
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
@@ -36,6 +37,8 @@ from a2a.utils.errors import A2AError
 
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
+from a2a_cancelfix.patching import is_patched
+from a2a_cancelfix.store import FinalStateTaskStore, guardable
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
@@ -189,6 +192,14 @@ class Server:
     push: PushReceiver
     calls: Calls
     """How the scenario reaches the handler: in process, or over a transport."""
+    saves: Changes = field(default_factory=Changes)
+    """Notified after each save to the store, for waits on what GetTask shows (`reached_step`):
+    a `FinalStateTaskStore` tells of its saves, and `make_server` wraps any other store so
+    that it does too."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.store, FinalStateTaskStore):
+            self.store.on_saved.append(lambda _: self.saves.notify())
 
 
 def make_server(
@@ -206,7 +217,13 @@ def make_server(
     ``event_stream`` (a2a-sdk 1.2+'s cluster mode, with a versioned ``store``) goes to every kind;
     ``options`` to ours only.
     """
-    store = store if store is not None else InMemoryTaskStore()
+    given: Any = store if store is not None else InMemoryTaskStore()
+    saves = Changes()
+    # A guard tells of its saves (see Server); any other store is wrapped to tell of them,
+    # unless ours (or the SDK's handler, patched) is to guard it: a wrapper would hide it.
+    guarded = (kind == "ours" or is_patched()) and guardable(given)
+    if not isinstance(given, FinalStateTaskStore) and not guarded:
+        given = _SavesNoted(given, saves)
     receiver = PushReceiver()
     configs = InMemoryPushNotificationConfigStore()
     card = AgentCard(
@@ -215,7 +232,7 @@ def make_server(
         version="1",
         capabilities=AgentCapabilities(streaming=True, push_notifications=True),
     )
-    arguments: dict[str, Any] = {"agent_executor": executor, "task_store": store, "agent_card": card}
+    arguments: dict[str, Any] = {"agent_executor": executor, "task_store": given, "agent_card": card}
     if event_stream is not None:
         arguments["event_stream"] = event_stream
     if push:
@@ -229,7 +246,21 @@ def make_server(
             arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)
         handler = DefaultRequestHandlerV2(**arguments)
     # The store the handler saves to: ours guards the one it is given.
-    return Server(handler, executor, handler.task_store, receiver, Calls(handler))
+    return Server(handler, executor, handler.task_store, receiver, Calls(handler), saves)
+
+
+class _SavesNoted(wrapt.ObjectProxy):
+    """A task store that notifies ``saves`` after each of its saves, as a guard tells of its own."""
+
+    def __init__(self, store: TaskStore, saves: Changes) -> None:
+        super().__init__(store)
+        self._self_saves = saves
+
+    async def save(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self.__wrapped__.save(*args, **kwargs)
+        finally:
+            self._self_saves.notify()
 
 
 class Bench:
@@ -276,39 +307,21 @@ async def reached_step(server: Server, owner: str = "alice") -> None:
     Call it before the request's first step runs (right after starting it): it looks at
     GetTask after each save to the store from then on, so it returns as soon as it shows it.
     """
-    executor, saved = server.executor, Changes()
-    with _saves_noted(server.store, saved):
-        await within(executor.ready.wait())
-        if not executor.park:
-            await within(executor.step.reached.wait())
-        expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
+    if not isinstance(server.store, (FinalStateTaskStore, _SavesNoted)):
+        raise TypeError(
+            "reached_step waits for the store's saves: build the server with make_server, or "
+            f"give the Server a FinalStateTaskStore, not a {type(server.store).__name__}"
+        )
+    executor = server.executor
+    await within(executor.ready.wait())
+    if not executor.park:
+        await within(executor.step.reached.wait())
+    expected = "INPUT_REQUIRED" if executor.park and executor.runs == 1 else "WORKING"
 
-        async def recorded() -> bool:
-            return await stored(server, executor.task_id or "", owner) == expected
+    async def recorded() -> bool:
+        return await stored(server, executor.task_id or "", owner) == expected
 
-        await saved.until(recorded)
-
-
-@contextlib.contextmanager
-def _saves_noted(store: TaskStore, changes: Changes) -> Iterator[None]:
-    """Notify ``changes`` after each save to ``store`` while the block runs."""
-    earlier = vars(store).get("save")  # An outer block's, if any.
-    save = store.save
-
-    async def noted(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await save(*args, **kwargs)
-        finally:
-            changes.notify()
-
-    store.save = noted  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if earlier is None:
-            del store.save
-        else:
-            store.save = earlier  # type: ignore[method-assign]
+    await server.saves.until(recorded)
 
 
 async def cancel(server: Server, task_id: str, owner: str = "alice") -> str:

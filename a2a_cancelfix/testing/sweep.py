@@ -285,17 +285,17 @@ class Plan:
     expect: dict[str, tuple[str, ...]] | None = None  # A scenario file's expectations.
 
     async def contrast(self) -> tuple[Row, list[Point]]:
-        row = Row(None, "", "")
-        probe = Probe()
+        row, points = Row(None, "", ""), []
         try:
-            await self._contrast(row, probe)
+            points = await self._contrast(row)
         except Exception as error:  # The executor's or the SDK's: the row says so.
             row.failures.append(f"the run raised {error!r}")
-        return row, probe.points
+        return row, points
 
-    async def _contrast(self, row: Row, probe: Probe) -> None:
+    async def _contrast(self, row: Row) -> list[Point]:
         started = time.monotonic()
-        async with _World(self, probe) as world:
+        async with _World(self) as world:
+            probe = world.probe
             await world.converse(RUN_BOUND)
             self.took = time.monotonic() - started
             await world.observe(row, probe)
@@ -305,6 +305,7 @@ class Plan:
             _compare(row)
             await world.check_released(row, "the uncancelled run ended")
             await world.check_leftovers(row, "the uncancelled run ended")
+            return probe.points
 
     async def row(self, point: Point, origin: str, landing: str) -> Row:
         row = Row(point, origin, landing)
@@ -316,9 +317,10 @@ class Plan:
 
     async def _row(self, row: Row, point: Point, origin: str, landing: str) -> None:
         interrupt = landing == "interrupted"
-        probe = Probe(target=point.key, pending=landing in ("interrupted", "while pending"))
+        pending = landing in ("interrupted", "while pending")
         bound = self.took + self.grace_period + MARGIN + BOUND
-        async with _World(self, probe, unwatched=origin == "unwatched") as world:
+        async with _World(self, point.key, pending, unwatched=origin == "unwatched") as world:
+            probe = world.probe
             conversation = asyncio.ensure_future(world.converse(bound, race=landing == "follow-up racing"))
             reached = asyncio.ensure_future(probe.reached.wait())
             await asyncio.wait({conversation, reached}, timeout=bound, return_when=asyncio.FIRST_COMPLETED)
@@ -347,8 +349,16 @@ class Plan:
 class _World:
     """One run's servers: replica A runs the task, replica B shares its store."""
 
-    def __init__(self, plan: Plan, probe: Probe, unwatched: bool = False) -> None:
-        self.plan, self.probe = plan, probe
+    def __init__(
+        self,
+        plan: Plan,
+        target: tuple[str, str, int] | None = None,
+        pending: bool = False,
+        unwatched: bool = False,
+    ) -> None:
+        """``target``, ``pending``: where the run's probe holds it (see `Probe`); None: nowhere."""
+        self.plan = plan
+        self.probe = probe = Probe(target, pending, visit=self._visit)
         self.unwatched = unwatched  # No subscriber nor push config: the sender's client leaves.
         self.store = FinalStateTaskStore(InMemoryTaskStore())
         self.configs = InMemoryPushNotificationConfigStore()
@@ -421,7 +431,6 @@ class _World:
                 TaskPushNotificationConfig(url=PUSH_URL, id="sweep")
             )
         first = SendMessageRequest(message=message(self.plan.messages[0]), configuration=configuration)
-        self.probe.visit = self._visit
         self.sender = self._stream("stream", self.a.on_message_send_stream(first, caller()))
         await self.sender.ended(bound)
         self.task_id = next((_task_id(event) for event in self.sender.events), self.task_id)
@@ -492,7 +501,7 @@ class _World:
         run = probe.run if point.kind not in ("parked", "ended") else None
         # Past an await of its own (or before execute()), the run must notice before it starts
         # another: at a checkpoint or an event it publishes.
-        probe.landed = applies and point.kind in ("await", "start")
+        probe.must_notice(applies and point.kind in ("await", "start"))
         if point.kind == "parked":
             self.stop = True
         answer_bound = self.plan.grace_period + MARGIN + 1.0
@@ -580,7 +589,7 @@ class _World:
             row.failures.append(
                 f"execute() still ran {bound:g} s after its client left and nobody watched the task{called_not}"
             )
-            self.probe.landed = False  # No cancel came: what it does next is not late.
+            self.probe.must_notice(False)  # No cancel came: what it does next is not late.
             self.probe.open()  # Let it go on: the row has said what went wrong.
             return
         if not self.watched._self_called.is_set():
