@@ -317,8 +317,10 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
         async def save(task: Task, context: ServerCallContext) -> None:
             async with lock:
                 stored = check_and_write(task, owner_of(context))
-            if stored is not None or guard.notices is not None or guard.on_saved:
+            if stored is not None or guard.notices is not None:
                 await guard._saved(task, stored)
+            elif guard.on_saved:
+                guard._told_saved(task)
 
         return save
 
@@ -328,8 +330,10 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
         owner = owner_of(context)
         with lock:
             stored = check_and_write(task, owner)
-        if stored is not None or guard.notices is not None or guard.on_saved:
+        if stored is not None or guard.notices is not None:
             await guard._saved(task, stored)
+        elif guard.on_saved:
+            guard._told_saved(task)
 
     return save_held
 

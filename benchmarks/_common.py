@@ -16,9 +16,10 @@ from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import TaskUpdater
-from a2a.types import TaskState
+from a2a.types import SendMessageRequest, TaskState
 
 from a2a_cancelfix._sdk import SDK_VERSION
+from a2a_cancelfix.testing import Server, Stream, message, within
 
 logging.basicConfig(level=logging.CRITICAL)
 # The suite's helpers some benchmarks share (tests/fleet.py): the repository root is importable.
@@ -37,6 +38,17 @@ class QuickExecutor(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         return None
+
+
+async def started(server: Server) -> Stream:
+    """`start`'s wait on a server built with ``make_server(told=False)``: the executor is
+    mid-step and the sender's stream has shown WORKING, which the SDK streams once it has
+    saved it. (The kit's ear on the store, which `start` waits on, would be counted for one
+    handler and not the other: a wrapper around stock's store, a callback of ours' guard.)"""
+    stream = Stream(server.calls.send_stream(SendMessageRequest(message=message()), "alice"))
+    await within(server.executor.step.reached.wait())
+    await stream.until(lambda: stream.last == "WORKING")
+    return stream
 
 
 def header(title: str) -> None:

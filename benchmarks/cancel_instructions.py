@@ -27,8 +27,8 @@ import subprocess
 import sys
 import tempfile
 
-from _common import header, settle
-from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server, start
+from _common import header, settle, started
+from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server
 from a2a_cancelfix.testing.servers import GRACE
 from tests.fleet import FleetExecutor, start_fleet
 
@@ -55,9 +55,13 @@ async def singles(handler: str, mode: str) -> None:
     """Windows: each cancel of a task mid-step, on an otherwise idle loop (after WARM unmarked)."""
     for index in range(WARM + SINGLES):
         server = make_server(
-            handler, ScriptedExecutor(cancel=mode), push=False, cancel_grace_period=GRACE_UNDER_VALGRIND
+            handler,
+            ScriptedExecutor(cancel=mode),
+            push=False,
+            told=False,
+            cancel_grace_period=GRACE_UNDER_VALGRIND,
         )
-        await start(server)
+        await started(server)
         timed = index >= WARM
         if timed:
             mark()
@@ -73,7 +77,11 @@ async def burst(handler: str, mode: str, count: int) -> None:
     """Windows, per burst: to the last answer, then on until every run has closed."""
     idle = len(asyncio.all_tasks())
     server = make_server(
-        handler, FleetExecutor(mode == "publish"), push=False, cancel_grace_period=GRACE_UNDER_VALGRIND
+        handler,
+        FleetExecutor(mode == "publish"),
+        push=False,
+        told=False,
+        cancel_grace_period=GRACE_UNDER_VALGRIND,
     )
     streams = await start_fleet(server, count, slowdown=VALGRIND_SLOWDOWN)
     mark()

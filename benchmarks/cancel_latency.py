@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import json
 
-from _common import clock, header, in_processes, percentile, ratio, settle
-from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server, start
+from _common import clock, header, in_processes, percentile, ratio, settle, started
+from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server
 from a2a_cancelfix.testing.servers import GRACE
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
@@ -22,12 +22,12 @@ MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
 
 async def sample(kind: str, mode: str, settled: bool) -> tuple[float, str]:
     """Time one cancel of a mid-step task; also say what it answered."""
-    server = make_server(kind, ScriptedExecutor(cancel=mode), push=False)
-    await start(server)
-    started = clock()
+    server = make_server(kind, ScriptedExecutor(cancel=mode), push=False, told=False)
+    await started(server)
+    began = clock()
     async with asyncio.timeout(GRACE + 5):  # Not wait_for: its task would be timed too.
         answer = await cancel(server, server.executor.task_id)
-    took = clock() - started
+    took = clock() - began
     server.executor.step.open()
     if settled:
         await settle(turns=10_000)

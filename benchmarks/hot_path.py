@@ -19,7 +19,7 @@ from a2a_cancelfix.testing import caller, make_server, message
 
 def measure(messages: int, streaming: bool, options: dict):
     async def run(kind: str) -> float:
-        server = make_server(kind, QuickExecutor(), push=False, **options)
+        server = make_server(kind, QuickExecutor(), push=False, told=False, **options)
         handler, context = server.handler, caller()
         requests = [SendMessageRequest(message=message()) for _ in range(messages)]
         started = clock()

@@ -37,7 +37,7 @@ def mark() -> None:
 async def send(kind: str, streaming: bool) -> None:
     # "ours, unwatched": ours with cancel_unwatched_after, which counts each stream and sender.
     options = {"cancel_unwatched_after": 30.0} if kind == UNWATCHED else {}
-    server = make_server(kind.split(",")[0], QuickExecutor(), push=False, **options)
+    server = make_server(kind.split(",")[0], QuickExecutor(), push=False, told=False, **options)
     handler, context = server.handler, caller()
 
     async def one() -> None:

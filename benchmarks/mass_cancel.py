@@ -28,7 +28,7 @@ async def cancel_all(
     publishes CANCELED itself.
     """
     idle = len(asyncio.all_tasks())
-    server = make_server(kind, FleetExecutor(publishes), push=False)
+    server = make_server(kind, FleetExecutor(publishes), push=False, told=False)
     gc.collect()
     if traced:
         tracemalloc.start()
