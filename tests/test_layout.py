@@ -3,6 +3,7 @@ that are the documented ones."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import re
@@ -120,3 +121,71 @@ def test_python_dash_m_runs_the_command() -> None:
         check=True,
     )
     assert shown.stdout.startswith("usage: a2a-cancelfix")
+
+
+# Every attribute the package assigns on an object other than ``self`` or ``cls``, by module:
+# each on an object its own module defines or builds (and, in patching.py, the SDK's class,
+# which is what patch() is for). A new one fails here, so that an object is given what it
+# needs when it is built, not configured from another module afterwards.
+ASSIGNED_ELSEWHERE = {
+    ("_sdk.py", "canceled.status.state"),  # a Task it has just copied
+    ("checkpoints.py", "run.unwinding"),  # Run
+    ("executor.py", "proxy._self_lifecycle"),  # the proxy its _of() builds
+    ("lifecycle.py", "cancellation.path"),  # Cancellation
+    ("lifecycle.py", "cancellation.message"),
+    ("lifecycle.py", "cancellation.recorded"),
+    ("lifecycle.py", "cancellation.write_by"),
+    ("lifecycle.py", "cancellation.writing"),
+    ("lifecycle.py", "cancellation.write_outlived"),
+    ("patching.py", "sdk.__init__"),
+    ("patching.py", "setattr(sdk, ...)"),
+    ("patching.py", "setattr(DefaultRequestHandlerV2, ...)"),
+    ("patching.py", "delattr(DefaultRequestHandlerV2, ...)"),
+    ("store.py", "VersionedFinalStateTaskStore.__qualname__"),  # the class it makes
+    ("testing/_probe.py", "probe._in_enqueue"),  # Probe
+    ("testing/servers.py", "server.calls"),  # Server
+    ("testing/sweep.py", "row.point"),  # Row
+    ("testing/sweep.py", "row.expected"),
+    ("testing/sweep.py", "row.answer"),
+    ("testing/sweep.py", "row.scenario"),
+    ("unwatched.py", "sender.task_id"),  # Observer
+}
+
+
+def _assigned_elsewhere(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+        ):
+            found.add(f"{node.func.id}({ast.unparse(node.args[0])}, ...)")
+        for target in targets:
+            for part in ast.walk(target):
+                mine = isinstance(part, ast.Attribute) and ast.unparse(part.value) in ("self", "cls")
+                if (
+                    isinstance(part, ast.Attribute)
+                    and isinstance(part.ctx, (ast.Store, ast.Del))
+                    and not mine
+                ):
+                    found.add(ast.unparse(part))
+    return found
+
+
+def test_no_module_assigns_the_attributes_of_another_modules_objects() -> None:
+    """The attributes assigned on objects other than ``self`` are the known ones above."""
+    root = Path(a2a_cancelfix.__file__).parent
+    assigned = {
+        (path.relative_to(root).as_posix(), target)
+        for path in sorted(root.rglob("*.py"))
+        for target in _assigned_elsewhere(ast.parse(path.read_text()))
+    }
+    assert assigned == ASSIGNED_ELSEWHERE
