@@ -4,7 +4,7 @@ Each cancel is timed on an otherwise idle event loop: what a sample's run still 
 after the answer (closing down, which ours does after answering) is let finish before the
 next sample starts, so that it lands in neither handler's figure. Then again back to back:
 the next sample starts at once, and part of each run's closing lands in the next cancel of
-the same handler. In several processes.
+the same handler. Stock's and ours' cancels are interleaved within each of several processes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server
 from a2a_cancelfix.testing.servers import GRACE
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
+RUN = 6  # Back to back: cancels of one handler in a row, the first left out.
 
 
 async def sample(kind: str, mode: str, settled: bool) -> tuple[float, str]:
@@ -35,12 +36,21 @@ async def sample(kind: str, mode: str, settled: bool) -> tuple[float, str]:
 
 
 async def samples(count: int, settled: bool) -> dict:
-    """Each handler's ``count`` cancels in a row, so that back to back, what a cancel leaves
-    to close lands in the same handler's next one."""
-    return {
-        mode: {kind: [await sample(kind, mode, settled) for _ in range(count)] for kind in ("stock", "ours")}
-        for mode in MODES
+    """``count`` cancels of each handler, interleaved so that the drift of a process (its heap,
+    the machine's clock speed) is shared by both: one each in turn on an idle loop; back to
+    back, in runs of ``RUN`` of one handler, the first of each left out, so that what a cancel
+    leaves to close lands in the same handler's next one."""
+    kinds = ("stock", "ours")
+    kept: dict[str, dict[str, list[tuple[float, str]]]] = {
+        mode: {kind: [] for kind in kinds} for mode in MODES
     }
+    run, skip = (1, 0) if settled else (RUN, 1)
+    for index in range(-(-count // (run - skip))):
+        for mode in MODES:
+            for kind in kinds if index % 2 == 0 else kinds[::-1]:
+                taken = [await sample(kind, mode, settled) for _ in range(run)]
+                kept[mode][kind].extend(taken[skip:])
+    return {mode: {kind: taken[:count] for kind, taken in by_kind.items()} for mode, by_kind in kept.items()}
 
 
 def main(quick: bool) -> None:
