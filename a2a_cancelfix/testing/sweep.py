@@ -285,16 +285,17 @@ class Plan:
     expect: dict[str, tuple[str, ...]] | None = None  # A scenario file's expectations.
 
     async def contrast(self) -> tuple[Row, list[Point]]:
-        row, points = Row(None, "", ""), []
+        row, world = Row(None, "", ""), None
         try:
-            points = await self._contrast(row)
+            world = _World(self)
+            await self._contrast(row, world)
         except Exception as error:  # The executor's or the SDK's: the row says so.
             row.failures.append(f"the run raised {error!r}")
-        return row, points
+        return row, [] if world is None else world.probe.points  # Those it reached, if it raised.
 
-    async def _contrast(self, row: Row) -> list[Point]:
+    async def _contrast(self, row: Row, world: _World) -> None:
         started = time.monotonic()
-        async with _World(self) as world:
+        async with world:
             probe = world.probe
             await world.converse(RUN_BOUND)
             self.took = time.monotonic() - started
@@ -305,7 +306,6 @@ class Plan:
             _compare(row)
             await world.check_released(row, "the uncancelled run ended")
             await world.check_leftovers(row, "the uncancelled run ended")
-            return probe.points
 
     async def row(self, point: Point, origin: str, landing: str) -> Row:
         row = Row(point, origin, landing)
