@@ -35,9 +35,9 @@ EDGES = (SDK_RELEASES[0], SDK_RELEASES[-1])
 
 
 # Run after the rest, in a process of its own: it sets OpenTelemetry's tracer and meter providers,
-# which a process gets once and keeps. In CI an xdist worker running it twice died without a
-# word ("node down: Not properly terminated"; not reproduced in about fifty sessions here, cause
-# not found): alone, nothing else shares its process, and a failure there is not a silent one.
+# which a process gets once and keeps. The xdist workers that died in it without a word ("node
+# down") were segfaults: the collector ran inside a ContextVar.set (cpython#148891), which
+# tests/conftest.py now keeps it from doing; alone, a crash there would print its stack.
 OWN_PROCESS = "tests/test_telemetry.py"
 
 

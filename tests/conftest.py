@@ -1,6 +1,8 @@
+import gc
 import importlib.metadata
 import sys
 import traceback
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,6 +26,32 @@ pytest_plugins = ["pytester"]
 # its traceback as they close. Without the parse, tracebacks mark the whole expression.
 if sys.version_info < (3, 13):
     traceback._extract_caret_anchors_from_line_segment = lambda segment: None  # type: ignore[attr-defined]
+
+
+# CPython up to 3.11 frees a context's variables while it is still inserting into them when
+# the collector runs inside a ContextVar.set and a finalizer sets a variable of the same
+# context (cpython#148891): a segfault ("Fatal Python error", exit -11; in an xdist worker,
+# "node down"). The SDK's tasks that a bench leaves pending are such garbage: closed by the
+# collector, their frames detach OpenTelemetry contexts, and OpenTelemetry sets one on every
+# span's end. So, in the suite's processes, the collector never runs on its own there: it runs
+# after each test, between tests, where nothing sets a context variable (the young objects
+# after each, everything after every ``FULL_EVERY``th: the imports make a full pass slow).
+COLLECT_BETWEEN_TESTS = sys.version_info < (3, 12)
+FULL_EVERY = 25
+if COLLECT_BETWEEN_TESTS:
+    gc.disable()
+_tests_run = 0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    global _tests_run
+    try:
+        return (yield)
+    finally:
+        if COLLECT_BETWEEN_TESTS:
+            _tests_run += 1
+            gc.collect(2 if _tests_run % FULL_EVERY == 0 else 1)
 
 
 def pytest_configure(config: pytest.Config) -> None:
