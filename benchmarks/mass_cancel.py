@@ -15,15 +15,34 @@ from a2a_cancelfix.testing import cancel, make_server
 from tests.fleet import FleetExecutor, start_fleet
 
 
+class CollectorTime:
+    """Seconds the cyclic garbage collector has run in this process (its callbacks time it)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._timed)
+
+    def _timed(self, phase: str, _: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._began
+
+
+COLLECTOR = CollectorTime()
+
+
 async def cancel_all(
     kind: str, count: int, traced: bool, publishes: bool = False
-) -> tuple[float, float, float, dict[str, int], float]:
+) -> tuple[float, float, float, dict[str, int], float, float]:
     """Cancel ``count`` live tasks (half parked) at once.
 
     Returns the seconds to the last answer, the seconds until every run has closed (no task
     of the server's is left: ours answers before a run closes, stock after only part of it),
     peak bytes per task, the answers, and the process's CPU seconds to the last answer (what
-    a shared machine's load moves least). Time is measured untraced; peak memory in a
+    a shared machine's load moves least), and how much of the seconds to the last answer the
+    garbage collector ran (see `CollectorTime`). Time is measured untraced; peak memory in a
     separate, traced run (tracing slows Python). ``publishes``: the executor's ``cancel()``
     publishes CANCELED itself.
     """
@@ -34,9 +53,10 @@ async def cancel_all(
         tracemalloc.start()
     try:
         streams = await start_fleet(server, count)
-        started, cpu_started = clock(), time.process_time()
+        started, cpu_started, collected = clock(), time.process_time(), COLLECTOR.total
         answers = await asyncio.gather(*(cancel(server, task_id) for task_id in streams))
         answered, cpu = clock() - started, time.process_time() - cpu_started
+        collecting = COLLECTOR.total - collected
         peak = tracemalloc.get_traced_memory()[1] if traced else 0
     finally:
         tracemalloc.stop()
@@ -47,7 +67,7 @@ async def cancel_all(
     tally: dict[str, int] = {}
     for answer in answers:
         tally[answer] = tally.get(answer, 0) + 1
-    return answered, closed, peak / count, tally, cpu
+    return answered, closed, peak / count, tally, cpu, collecting
 
 
 def measure(count: int) -> dict:
@@ -66,6 +86,7 @@ def measure(count: int) -> dict:
         "answered": {kind: statistics.median(run[0] for run in runs) for kind, runs in samples.items()},
         "closed": {kind: statistics.median(run[1] for run in runs) for kind, runs in samples.items()},
         "cpu": {kind: statistics.median(run[4] for run in runs) for kind, runs in samples.items()},
+        "collector": {kind: statistics.median(run[5] for run in runs) for kind, runs in samples.items()},
         "tally": {kind: runs[0][3] for kind, runs in samples.items()},
         "memory": {kind: asyncio.run(cancel_all(kind, count, traced=True))[2] for kind in ("stock", "ours")},
     }
@@ -96,6 +117,13 @@ def main(quick: bool) -> None:
             f"(all closed {ratio(closed['ours'], closed['floor'])}); "
             f"CPU to the last answer ours/stock {ratio(row['cpu']['ours'], row['cpu']['stock'])} "
             f"ours/floor {ratio(row['cpu']['ours'], row['cpu']['floor'])}"
+        )
+        collector = row["collector"]
+        outside = {kind: answered[kind] - collector[kind] for kind in collector}
+        print(
+            f"{'':13} of that, the garbage collector: stock {collector['stock'] / s_time:.0%}, "
+            f"ours {collector['ours'] / o_time:.0%}, floor {collector['floor'] / floor:.0%}; "
+            f"outside it ours/floor {ratio(outside['ours'], outside['floor'])}"
         )
 
 
