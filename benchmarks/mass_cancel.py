@@ -87,6 +87,9 @@ def measure(count: int) -> dict:
         "closed": {kind: statistics.median(run[1] for run in runs) for kind, runs in samples.items()},
         "cpu": {kind: statistics.median(run[4] for run in runs) for kind, runs in samples.items()},
         "collector": {kind: statistics.median(run[5] for run in runs) for kind, runs in samples.items()},
+        "outside": {
+            kind: statistics.median(run[0] - run[5] for run in runs) for kind, runs in samples.items()
+        },
         "tally": {kind: runs[0][3] for kind, runs in samples.items()},
         "memory": {kind: asyncio.run(cancel_all(kind, count, traced=True))[2] for kind in ("stock", "ours")},
     }
@@ -118,8 +121,7 @@ def main(quick: bool) -> None:
             f"CPU to the last answer ours/stock {ratio(row['cpu']['ours'], row['cpu']['stock'])} "
             f"ours/floor {ratio(row['cpu']['ours'], row['cpu']['floor'])}"
         )
-        collector = row["collector"]
-        outside = {kind: answered[kind] - collector[kind] for kind in collector}
+        collector, outside = row["collector"], row["outside"]
         print(
             f"{'':13} of that, the garbage collector: stock {collector['stock'] / s_time:.0%}, "
             f"ours {collector['ours'] / o_time:.0%}, floor {collector['floor'] / floor:.0%}; "
