@@ -102,7 +102,8 @@ class Replicas(SimpleNamespace):
         elif notices:
             import redis.asyncio as redis
 
-            client = redis.Redis.from_url(REDIS_URL)
+            # Named after the channel: `kill_listeners` kills this test's connections only.
+            client = redis.Redis.from_url(REDIS_URL, client_name=self.channel)
             self.closers.append(client.aclose)
             made = RedisNotices(client, self.channel)
         store = FinalStateTaskStore(DatabaseTaskStore(engine), notices=made)
@@ -145,9 +146,15 @@ class Replicas(SimpleNamespace):
         else:
             import redis.asyncio as redis
 
+            # Not every pubsub connection on the server: another worker's test has its own.
             admin = redis.Redis.from_url(REDIS_URL)
             try:
-                killed = await admin.client_kill_filter(_type="pubsub")
+                listeners = await admin.client_list(_type="pubsub")
+                killed = [
+                    await admin.client_kill_filter(_id=listener["id"])
+                    for listener in listeners
+                    if listener.get("name") == self.channel
+                ]
             finally:
                 await admin.aclose()
         assert killed, "no listening connection to kill"
@@ -418,15 +425,57 @@ def _count_reads(store: FinalStateTaskStore) -> SimpleNamespace:
     return reads
 
 
+class _StallableLink:
+    """A TCP link to Redis whose connections `stall` goes silent on, both ways, as a half-open
+    link does; later connections cross it. (Redis's CLIENT PAUSE would stall every worker's
+    connections to the shared server.)"""
+
+    def __init__(self) -> None:
+        self._pipes: list[tuple[asyncio.Future[None], list[bool]]] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _StallableLink:
+        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+        self.url = f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/0"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for pipe, _stalled in self._pipes:
+            pipe.cancel()
+        await asyncio.gather(*(pipe for pipe, _stalled in self._pipes), return_exceptions=True)
+
+    def stall(self) -> None:
+        for _pipe, stalled in self._pipes:
+            stalled[0] = True
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        redis_reader, redis_writer = await asyncio.open_connection("127.0.0.1", 6379)
+        stalled = [False]
+        for source, sink in ((reader, redis_writer), (redis_reader, writer)):
+            self._pipes.append((asyncio.ensure_future(self._carry(source, sink, stalled)), stalled))
+
+    @staticmethod
+    async def _carry(source: asyncio.StreamReader, sink: asyncio.StreamWriter, stalled: list[bool]) -> None:
+        try:
+            while data := await source.read(65536):
+                if not stalled[0]:  # Stalled, what comes is lost, as on a link gone half-open.
+                    sink.write(data)
+                    await sink.drain()
+        finally:
+            sink.close()
+
+
 @pytest.mark.asyncio
 async def test_a_listener_that_hears_nothing_back_is_lost_and_polls(tmp_path: Path) -> None:
-    """Redis stops answering (CLIENT PAUSE: to the listener, a half-open link): the PING that
-    the heartbeat sends goes unanswered, the connection counts as lost, and A polls again."""
+    """Redis stops answering (to the listener, a half-open link): the PING that the heartbeat
+    sends goes unanswered, the connection counts as lost, and A polls again."""
     import redis.asyncio as redis
 
     await _need_redis()
-    async with open_database("sqlite", tmp_path) as database:
-        client, admin = redis.Redis.from_url(REDIS_URL), redis.Redis.from_url(REDIS_URL)
+    async with open_database("sqlite", tmp_path) as database, _StallableLink() as link:
+        client = redis.Redis.from_url(link.url)
         notices = RedisNotices(client, f"a2acf_{uuid.uuid4().hex[:12]}", heartbeat=0.1)
         listening = Listening(notices)
         store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices)
@@ -436,7 +485,7 @@ async def test_a_listener_that_hears_nothing_back_is_lost_and_polls(tmp_path: Pa
             await within(listening.heard())
             assert a.handler.agent_executor.cancel_lifecycle.remote.interval == float("inf")
             listening.hold()
-            await admin.execute_command("CLIENT", "PAUSE", "300", "ALL")
+            link.stall()
             await listening.retrying()
             assert a.handler.agent_executor.cancel_lifecycle.remote.interval == 0.01
         finally:
@@ -446,7 +495,6 @@ async def test_a_listener_that_hears_nothing_back_is_lost_and_polls(tmp_path: Pa
             await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
             await within(a.handler.aclose())
             await client.aclose()
-            await admin.aclose()
 
 
 @pytest.mark.asyncio
