@@ -431,6 +431,7 @@ class _StallableLink:
     connections to the shared server.)"""
 
     def __init__(self) -> None:
+        self.url = ""  # Once entered: what a Redis client connects to instead of the server.
         self._pipes: list[tuple[asyncio.Future[None], list[bool]]] = []
         self._server: asyncio.Server | None = None
 
