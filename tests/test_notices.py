@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -452,7 +453,8 @@ class _StallableLink:
             stalled[0] = True
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        redis_reader, redis_writer = await asyncio.open_connection("127.0.0.1", 6379)
+        server = urllib.parse.urlsplit(REDIS_URL)
+        redis_reader, redis_writer = await asyncio.open_connection(server.hostname, server.port)
         stalled = [False]
         for source, sink in ((reader, redis_writer), (redis_reader, writer)):
             self._pipes.append((asyncio.ensure_future(self._carry(source, sink, stalled)), stalled))
