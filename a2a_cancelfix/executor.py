@@ -108,7 +108,7 @@ class CancellableExecutor(_ExecutorProxy):
             if task_id in cancellations:
                 # Returning lets the SDK close the request (and end its streams): CANCELED first.
                 await cancellations[task_id].published()
-            elif not has_ended(event_queue, context):
+            elif not work.task_ended and not has_ended(event_queue, context):
                 lifecycle.parked_here(task_id, context.call_context)
         finally:
             lifecycle.forget(work)

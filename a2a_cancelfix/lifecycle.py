@@ -146,6 +146,8 @@ class Work(Run):
     runner: asyncio.Task[Any] | None = None
     settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
     ended = False
+    # Its queue carried the task's terminal state (see `RunQueue`): nothing more goes in.
+    task_ended = False
     interrupted = False
     abandoned = False
     # The await the work was suspended at when the cancel came (None: it was running).
@@ -1095,7 +1097,7 @@ def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
 class RunQueue(QueueProxy):
     """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final."""
 
-    def __init__(self, queue: EventQueue, run: Run) -> None:
+    def __init__(self, queue: EventQueue, run: Work) -> None:
         QueueProxy.__init__(self, queue)  # Not super(): one is built for every run.
         self._self_run = run
 
@@ -1107,13 +1109,13 @@ class RunQueue(QueueProxy):
         fewer for each event.
         """
         run = self._self_run
-        if run.cancelled or run.watched:
+        # Only a cancel (which cancels the run first) or the run's own end can end its queue
+        # while it runs: until then, `_ended` need not be asked.
+        if run.cancelled or run.watched or run.task_ended:
             return self._self_enqueue_looked(event)
         queue = self.__wrapped__
-        # may_enqueue(), inline.
-        if weakref.ref(queue) in _ended:
-            return _dropped(event, run.task_id)
         if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
+            run.task_ended = True
             _ended.add(weakref.ref(queue, _ended.discard))
         return queue.enqueue_event(event)
 
@@ -1129,11 +1131,8 @@ class RunQueue(QueueProxy):
                 return
             run.raise_if_cancelled()
         if may_enqueue(self.__wrapped__, event, run.task_id, terminal):
+            run.task_ended = run.task_ended or terminal
             await self.__wrapped__.enqueue_event(event)
-
-
-async def _dropped(event: Any, task_id: str) -> None:
-    logger.debug("Dropped %s after task %s ended", type(event).__name__, task_id)
 
 
 class _CancelQueue(QueueProxy):

@@ -20,6 +20,8 @@ from a2a.types import (
     SendMessageRequest,
     TaskNotCancelableError,
     TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
     UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError
@@ -457,6 +459,47 @@ async def test_a_follow_up_the_task_ended_before_processing_is_refused_not_dropp
             raise follow_up.error  # type: ignore[misc]
         await within(answer)
     assert executor.runs == 1
+    assert await stored(server, executor.task_id) == "COMPLETED"
+
+
+class EndsTwice(ScriptedExecutor):
+    """Completes its task, then enqueues FAILED after that end, as a careless agent might."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late_sent = asyncio.Event()
+
+    async def execute(self, context, event_queue) -> None:
+        await super().execute(context, event_queue)
+        late = TaskStatusUpdateEvent(
+            task_id=context.task_id or "",
+            context_id=context.context_id or "",
+            status=TaskStatus(state=TaskState.TASK_STATE_FAILED),
+        )
+        await event_queue.enqueue_event(late)
+        self.late_sent.set()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_what_execute_enqueues_after_its_own_end_goes_nowhere(kind: str) -> None:
+    """execute() enqueues FAILED after its COMPLETED: stock stores it and pushes it (a terminal
+    state changed); ours drops it, so the store, the stream and the webhook keep COMPLETED."""
+    executor = EndsTwice()
+    server = make_server(kind, executor)
+    before = asyncio.all_tasks()
+    url = "http://push.invalid/ends-twice"
+    sent = await start(server, push_url=url)
+    executor.step.open()
+    await within(executor.late_sent.wait())
+    if kind == "stock":
+        assert await sent.ended() and sent.last == "FAILED"
+        await server.push.posted(url, "FAILED")
+        assert await stored(server, executor.task_id) == "FAILED"
+        return
+    assert await sent.ended() and sent.last == "COMPLETED"
+    await eventually(lambda: _gone(server, executor.task_id, before))  # Every event handled.
+    assert server.push.received[url][-1] == "COMPLETED" and "FAILED" not in server.push.received[url]
     assert await stored(server, executor.task_id) == "COMPLETED"
 
 

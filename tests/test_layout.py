@@ -137,6 +137,7 @@ ASSIGNED_ELSEWHERE = {
     ("lifecycle.py", "cancellation.write_by"),
     ("lifecycle.py", "cancellation.writing"),
     ("lifecycle.py", "cancellation.write_outlived"),
+    ("lifecycle.py", "run.task_ended"),  # Work, by its RunQueue
     ("patching.py", "sdk.__init__"),
     ("patching.py", "setattr(sdk, ...)"),
     ("patching.py", "setattr(DefaultRequestHandlerV2, ...)"),
