@@ -9,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import bytecodes
 import cancel_latency
 import checkpoint_cost
 import hot_path
@@ -21,7 +22,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
     quick = parser.parse_args().quick
     print(f"python {platform.python_version()} on {platform.machine()}, {platform.processor() or 'cpu'}")
-    for benchmark in (hot_path, cancel_latency, checkpoint_cost, mass_cancel, replicas):
+    for benchmark in (hot_path, bytecodes, cancel_latency, checkpoint_cost, mass_cancel, replicas):
         benchmark.main(quick)
 
 
