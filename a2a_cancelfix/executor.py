@@ -93,14 +93,14 @@ class CancellableExecutor(_ExecutorProxy):
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
         work = lifecycle.start(task_id, context, event_queue)
-        probe = lifecycle.probe
-        queue = RunQueue(event_queue, work)
+        probe, wrapped = lifecycle.probe, lifecycle.executor  # Not self.__wrapped__: a proxy's
+        queue = RunQueue(event_queue, work)  # attributes are read through a slower hook.
         try:
             body: Awaitable[None]
             if probe is None:
-                body = self.__wrapped__.execute(context, queue)
+                body = wrapped.execute(context, queue)
             else:
-                body = probe.drive(self.__wrapped__.execute, context, queue, work)
+                body = probe.drive(wrapped.execute, context, queue, work)
             if lifecycle.inline:
                 await work.run_inline(body)
             else:

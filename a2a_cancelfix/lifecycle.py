@@ -70,8 +70,10 @@ if TYPE_CHECKING:
     class QueueProxy(wrapt.ObjectProxy[EventQueue], EventQueue):
         """To the checker a queue's proxy is a queue, as it is to ``isinstance``."""
 
+    AQueue = EventQueue  # What `RunQueue` is to the checker, as it is to ``isinstance``.
 else:  # wrapt 1.x proxies take no type arguments
     QueueProxy = wrapt.ObjectProxy
+    AQueue = object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1094,12 +1096,31 @@ def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
     return True
 
 
-class RunQueue(QueueProxy):
-    """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final."""
+class RunQueue(AQueue):
+    """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final.
+
+    Every message builds one and sends each of its events through it, so it is a proxy of its
+    own rather than a wrapt one: a subclass of wrapt's C proxy reads each of its attributes
+    through CPython's generic ``__getattr__`` hook, a quarter of ours' hot-path cost
+    (BENCHMARKS.md, 2026-12-05). What ``execute()`` may use of a queue is ``enqueue_event``;
+    anything else is the real queue's, and to ``isinstance`` this is one.
+    """
+
+    __slots__ = ("__wrapped__", "_run")
 
     def __init__(self, queue: EventQueue, run: Work) -> None:
-        QueueProxy.__init__(self, queue)  # Not super(): one is built for every run.
-        self._self_run = run
+        self.__wrapped__ = queue
+        self._run = run
+
+    @property  # type: ignore[misc]  # `isinstance(queue, EventQueue)` holds, as for the real one.
+    def __class__(self) -> type:
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return f"<RunQueue of task {self._run.task_id} for {self.__wrapped__!r}>"
 
     def enqueue_event(self, event: Any) -> Coroutine[Any, Any, None]:
         """Enqueue ``event`` unless the run was cancelled (then raise) or the task has ended.
@@ -1108,19 +1129,19 @@ class RunQueue(QueueProxy):
         with nothing to look for and no cancel hands back the queue's own coroutine, a frame
         fewer for each event.
         """
-        run = self._self_run
+        run = self._run
         # Only a cancel (which cancels the run first) or the run's own end can end its queue
         # while it runs: until then, `_ended` need not be asked.
         if run.cancelled or run.watched or run.task_ended:
-            return self._self_enqueue_looked(event)
+            return self._enqueue_looked(event)
         queue = self.__wrapped__
         if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
             run.task_ended = True
             _ended.add(weakref.ref(queue, _ended.discard))
         return queue.enqueue_event(event)
 
-    async def _self_enqueue_looked(self, event: Any) -> None:
-        run = self._self_run
+    async def _enqueue_looked(self, event: Any) -> None:
+        run = self._run
         terminal = terminal_state(event) is not None
         if not run.cancelled and (terminal or time.monotonic() >= run.next_look):
             # Before ending the task above all: another replica may have cancelled it.

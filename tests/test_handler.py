@@ -9,6 +9,7 @@ import logging
 import httpx
 import pytest
 import wrapt
+from a2a.server.events import EventQueue
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
 from a2a.server.tasks import (
     BasePushNotificationSender,
@@ -501,6 +502,30 @@ async def test_what_execute_enqueues_after_its_own_end_goes_nowhere(kind: str) -
     await eventually(lambda: _gone(server, executor.task_id, before))  # Every event handled.
     assert server.push.received[url][-1] == "COMPLETED" and "FAILED" not in server.push.received[url]
     assert await stored(server, executor.task_id) == "COMPLETED"
+
+
+class LooksAtItsQueue(ScriptedExecutor):
+    """Notes what its queue is, as an agent that checks its argument or uses more of it would."""
+
+    seen: tuple[bool, bool] | None = None
+
+    async def execute(self, context, event_queue) -> None:
+        self.seen = (isinstance(event_queue, EventQueue), event_queue.is_closed())
+        await super().execute(context, event_queue)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_execute_is_handed_a_queue(kind: str) -> None:
+    """What execute() gets passes for the SDK's queue: ``isinstance`` holds, and the queue's
+    other methods answer (ours hands a proxy that checks each enqueue)."""
+    executor = LooksAtItsQueue()
+    server = make_server(kind, executor)
+    sent = await start(server)
+    executor.step.open()
+    assert await sent.ended() and sent.last == "COMPLETED"
+    assert executor.seen is not None
+    assert executor.seen == (True, False)  # A queue, and open.
 
 
 class SlowWebhook:
