@@ -148,22 +148,25 @@ class Once:
             for waiter in self._waiters:
                 _wake(waiter)
 
-    async def wait(self, deadline: float) -> bool:
+    async def wait(self, deadline: float | None = None) -> bool:
         """Wait until given or the loop's clock reaches ``deadline``; whether it was given.
 
         Even past the deadline the wait takes one loop turn: what was just interrupted may
-        end in it.
+        end in it. With no deadline, whoever gives the signal bounds the wait.
         """
         if self.given:
             return True
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        timers = deadlines()
-        entry = timers.at(deadline, functools.partial(_wake, waiter))
+        timers, entry = None, None
+        if deadline is not None:
+            timers = deadlines()
+            entry = timers.at(deadline, functools.partial(_wake, waiter))
         try:
             await waiter
         finally:
-            timers.drop(entry)
+            if timers is not None and entry is not None:
+                timers.drop(entry)
             self._waiters.remove(waiter)
         return self.given
 

@@ -427,8 +427,8 @@ class Cancellation:
             self._call.add_done_callback(lambda _: timers.drop(cut_off))
 
     async def cancel_returned(self) -> None:
-        """Wait until ``cancel()`` has returned, raised or been cut off."""
-        await self._returned.wait(self.deadline)
+        """Wait until ``cancel()`` has returned, raised or been cut off (see `_cut_off`)."""
+        await self._returned.wait()
 
     async def _run_cancel(self, context: RequestContext, queue: _CancelQueue) -> None:
         self.signal(queue.__wrapped__)
@@ -458,6 +458,8 @@ class Cancellation:
             )
             _telemetry.step(self.span, "cancel_cut_off")
             self._call.cancel()
+            # The cancel goes on now, whether or not cancel() lets itself be interrupted.
+            self._returned.give()
 
     async def _publish(self, queue: _CancelQueue) -> None:
         state = FAILED if self.failure is not None and not self.recorded else CANCELED

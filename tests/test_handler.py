@@ -141,6 +141,50 @@ async def test_misbehaving_cancel_is_bounded_and_named(mode: str, answer: str, s
     assert any("ScriptedExecutor.cancel()" in w and task_id in w for w in warnings)
 
 
+class StubbornCancel(ScriptedExecutor):
+    """Its cancel() swallows every CancelledError and waits until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancel_released = asyncio.Event()
+        self.cancel_interrupted = asyncio.Event()
+
+    async def cancel(self, context, event_queue) -> None:
+        self.cancel_called.set()
+        while not self.cancel_released.is_set():
+            try:
+                await self.cancel_released.wait()
+            except asyncio.CancelledError:
+                self.cancel_interrupted.set()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_cancel_that_swallows_its_cut_off_is_bounded(kind: str) -> None:
+    """cancel() outlives the grace period and swallows the CancelledError that cuts it off:
+    stock's cancel waits for it forever; ours answers CANCELED in time, and the stream and the
+    store say so, while that cancel() is still running."""
+    executor = StubbornCancel()
+    server = make_server(kind, executor)
+    stream = await start(server)
+    task_id = server.executor.task_id
+    call = asyncio.ensure_future(cancel(server, task_id))
+    try:
+        await within(executor.cancel_called.wait())
+        done, _ = await asyncio.wait([call], timeout=GRACE + SLACK)
+        if kind == "stock":
+            assert not done  # Still waiting for cancel().
+            return
+        assert done and call.result() == "CANCELED"
+        assert executor.cancel_interrupted.is_set() and not executor.cancel_released.is_set()
+        assert await stream.ended() and stream.last == "CANCELED"
+        assert await stored(server, task_id) == "CANCELED"
+    finally:
+        executor.cancel_released.set()
+        executor.step.open()
+        await within(asyncio.wait([call]))
+
+
 @pytest.mark.asyncio
 async def test_a_client_leaving_mid_cancel_neither_interrupts_nor_repeats_cancel() -> None:
     """The first caller drives the cancel; when its client leaves, the cancel goes on.
