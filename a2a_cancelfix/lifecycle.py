@@ -22,7 +22,6 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
-import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.types import (
     InternalError,
@@ -66,13 +65,8 @@ _RECORD_RETRIES = (0.1, 0.5, 1.0, 2.0) + (5.0,) * 120
 FAILED = TaskState.TASK_STATE_FAILED
 
 if TYPE_CHECKING:
-
-    class QueueProxy(wrapt.ObjectProxy[EventQueue], EventQueue):
-        """To the checker a queue's proxy is a queue, as it is to ``isinstance``."""
-
-    AQueue = EventQueue  # What `RunQueue` is to the checker, as it is to ``isinstance``.
-else:  # wrapt 1.x proxies take no type arguments
-    QueueProxy = wrapt.ObjectProxy
+    AQueue = EventQueue  # What a `QueueProxy` is to the checker, as it is to ``isinstance``.
+else:
     AQueue = object
 
 
@@ -1098,21 +1092,21 @@ def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
     return True
 
 
-class RunQueue(AQueue):
-    """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final.
+class QueueProxy(AQueue):
+    """A run's queue as ``execute()`` or ``cancel()`` sees it: what they may call of a queue is
+    ``enqueue_event``, which a subclass checks; anything else is the real queue's, and to
+    ``isinstance`` this is one.
 
-    Every message builds one and sends each of its events through it, so it is a proxy of its
-    own rather than a wrapt one: a subclass of wrapt's C proxy reads each of its attributes
-    through CPython's generic ``__getattr__`` hook, a quarter of ours' hot-path cost
-    (BENCHMARKS.md, 2026-12-05). What ``execute()`` may use of a queue is ``enqueue_event``;
-    anything else is the real queue's, and to ``isinstance`` this is one.
+    Not a wrapt proxy: every message builds one and sends each of its events through it, and
+    a subclass of wrapt's C proxy reads each of its own attributes through CPython's generic
+    ``__getattr__`` hook, with a type lookup each time (a quarter of ours' hot-path cost,
+    BENCHMARKS.md, 2026-12-05); slots are read from the interpreter's own caches.
     """
 
-    __slots__ = ("__wrapped__", "_run")
+    __slots__ = ("__wrapped__",)
 
-    def __init__(self, queue: EventQueue, run: Work) -> None:
+    def __init__(self, queue: EventQueue) -> None:
         self.__wrapped__ = queue
-        self._run = run
 
     @property  # type: ignore[misc]  # `isinstance(queue, EventQueue)` holds, as for the real one.
     def __class__(self) -> type:
@@ -1122,7 +1116,17 @@ class RunQueue(AQueue):
         return getattr(self.__wrapped__, name)
 
     def __repr__(self) -> str:
-        return f"<RunQueue of task {self._run.task_id} for {self.__wrapped__!r}>"
+        return f"<{type(self).__name__} of {self.__wrapped__!r}>"
+
+
+class RunQueue(QueueProxy):
+    """The queue ``execute()`` sees: every enqueue is a checkpoint; a terminal state is final."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, queue: EventQueue, run: Work) -> None:
+        self.__wrapped__ = queue  # Not super().__init__(): one is built for every message.
+        self._run = run
 
     def enqueue_event(self, event: Any) -> Coroutine[Any, Any, None]:
         """Enqueue ``event`` unless the run was cancelled (then raise) or the task has ended.
@@ -1161,27 +1165,29 @@ class RunQueue(AQueue):
 class _CancelQueue(QueueProxy):
     """The queue ``cancel()`` sees: it may publish CANCELED once; a terminal state is final."""
 
+    __slots__ = ("_context",)
+
     def __init__(self, queue: EventQueue, context: RequestContext) -> None:
         super().__init__(queue)
-        self._self_context = context
+        self._context = context
 
     async def enqueue_event(self, event: Any) -> None:
         state = terminal_state(event)
         if state is not None and state != CANCELED:
             logger.warning(
                 "cancel() of task %s published state %s; the task ends CANCELED instead",
-                self._self_context.task_id,
+                self._context.task_id,
                 state,
             )
             return
-        task_id = self._self_context.task_id or ""
+        task_id = self._context.task_id or ""
         if may_enqueue(self.__wrapped__, event, task_id, state is not None):
             await self.__wrapped__.enqueue_event(event)
 
     async def publish(self, state: TaskState, why: str | None = None) -> bool:
         """Publish the framework's terminal ``state``, unless the run already ended; ``why``
         is its status message's text."""
-        context = self._self_context
+        context = self._context
         if weakref.ref(self.__wrapped__) in _ended or context.current_task is None:
             return False  # Already ended, or no task stored yet that a status could update.
         status = TaskStatus(state=state)
