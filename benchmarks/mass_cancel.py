@@ -35,14 +35,14 @@ COLLECTOR = CollectorTime()
 
 async def cancel_all(
     kind: str, count: int, traced: bool, publishes: bool = False
-) -> tuple[float, float, float, dict[str, int], float, float]:
+) -> tuple[float, float, float, dict[str, int], float, float, float]:
     """Cancel ``count`` live tasks (half parked) at once.
 
     Returns the seconds to the last answer, the seconds until every run has closed (no task
     of the server's is left: ours answers before a run closes, stock after only part of it),
     peak bytes per task, the answers, and the process's CPU seconds to the last answer (what
-    a shared machine's load moves least), and how much of the seconds to the last answer the
-    garbage collector ran (see `CollectorTime`). Time is measured untraced; peak memory in a
+    a shared machine's load moves least), how much of the seconds to the last answer the
+    garbage collector ran (see `CollectorTime`), and the seconds to the median answer. Time is measured untraced; peak memory in a
     separate, traced run (tracing slows Python). ``publishes``: the executor's ``cancel()``
     publishes CANCELED itself.
     """
@@ -53,8 +53,15 @@ async def cancel_all(
         tracemalloc.start()
     try:
         streams = await start_fleet(server, count)
+        times: list[float] = []
+
+        async def timed(task_id: str) -> str:
+            answer = await cancel(server, task_id)
+            times.append(clock() - started)
+            return answer
+
         started, cpu_started, collected = clock(), time.process_time(), COLLECTOR.total
-        answers = await asyncio.gather(*(cancel(server, task_id) for task_id in streams))
+        answers = await asyncio.gather(*(timed(task_id) for task_id in streams))
         answered, cpu = clock() - started, time.process_time() - cpu_started
         collecting = COLLECTOR.total - collected
         peak = tracemalloc.get_traced_memory()[1] if traced else 0
@@ -67,7 +74,7 @@ async def cancel_all(
     tally: dict[str, int] = {}
     for answer in answers:
         tally[answer] = tally.get(answer, 0) + 1
-    return answered, closed, peak / count, tally, cpu, collecting
+    return answered, closed, peak / count, tally, cpu, collecting, statistics.median(times)
 
 
 def measure(count: int) -> dict:
@@ -90,6 +97,7 @@ def measure(count: int) -> dict:
         "outside": {
             kind: statistics.median(run[0] - run[5] for run in runs) for kind, runs in samples.items()
         },
+        "median": {kind: statistics.median(run[6] for run in runs) for kind, runs in samples.items()},
         "tally": {kind: runs[0][3] for kind, runs in samples.items()},
         "memory": {kind: asyncio.run(cancel_all(kind, count, traced=True))[2] for kind in ("stock", "ours")},
     }
@@ -126,6 +134,11 @@ def main(quick: bool) -> None:
             f"{'':13} of that, the garbage collector: stock {collector['stock'] / s_time:.0%}, "
             f"ours {collector['ours'] / o_time:.0%}, floor {collector['floor'] / floor:.0%}; "
             f"outside it ours/floor {ratio(outside['ours'], outside['floor'])}"
+        )
+        median = row["median"]
+        print(
+            f"{'':13} to the median answer: stock {median['stock']:7.3f} s, ours {median['ours']:7.3f} s, "
+            f"floor {median['floor']:7.3f} s; ours/floor {ratio(median['ours'], median['floor'])}"
         )
 
 
