@@ -1099,8 +1099,9 @@ class QueueProxy(AQueue):
 
     Not a wrapt proxy: every message builds one and sends each of its events through it, and
     a subclass of wrapt's C proxy reads each of its own attributes through CPython's generic
-    ``__getattr__`` hook, with a type lookup each time (a quarter of ours' hot-path cost,
-    BENCHMARKS.md, 2026-12-05); slots are read from the interpreter's own caches.
+    ``__getattr__`` hook, with a type lookup each time (a fifth of the instructions a message
+    costs ours over stock, BENCHMARKS.md, 2026-12-05); slots are read through the
+    interpreter's own caches.
     """
 
     __slots__ = ("__wrapped__",)
@@ -1113,6 +1114,8 @@ class QueueProxy(AQueue):
         return type(self.__wrapped__)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # Not set (a copy made without __init__): no recursion.
+            raise AttributeError(name)
         return getattr(self.__wrapped__, name)
 
     def __repr__(self) -> str:
