@@ -4,7 +4,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 # Lint and types first: they fail in seconds where the matrix takes minutes.
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "frameworks"]
 nox.options.error_on_missing_interpreters = True
 
 # Every minor line's first and last release we support, the releases where the SDK's behaviour
@@ -104,7 +104,8 @@ FRAMEWORKS = ["google-adk[a2a]==2.13.0", "a2a-adapter[langgraph]==0.2.14", "lang
 def frameworks(session: nox.Session, sdk: str) -> None:
     """Sweep real frameworks' executors (ADK, LangGraph behind a2a-adapter) with fake models.
 
-    Not in the default run: it installs the frameworks, a few hundred megabytes.
+    In the default run: what executors are handed (a run's queue, say) is ours, and what
+    users build on is these frameworks. It installs them, about 200 MB.
     """
     requirement = "a2a-sdk>=1,<2" if sdk == "newest" else f"a2a-sdk=={sdk}"
     session.install("-e", ".[test]", *FRAMEWORKS, requirement)
