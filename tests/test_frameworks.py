@@ -52,8 +52,66 @@ async def test_a_langgraph_agent_behind_a2a_adapter_sweeps_clean() -> None:
     assert len(report.rows) > 1
 
 
+@pytest.mark.asyncio
+async def test_the_kit_names_what_a2a_lite_publishes_after_a_cancel() -> None:
+    """a2a-lite's runtime reports any CancelledError as a shutdown, publishing FAILED after
+    the cancel: each row where the cancel reaches the run fails on exactly that, while every
+    observer still sees CANCELED under our handler."""
+    pytest.importorskip("a2a_lite", reason="a2a-lite needs a2a-sdk 1.2.2 or newer")
+    import lite_agent
+
+    report = await sweep(lite_agent.executor, grace_period=GRACE)
+    assert report.rows[0].ok  # Uncancelled, it completes.
+    assert report.failures, told(report)
+    named = "publishing FAILED after it had seen the cancel"
+    observers = ("store", "stream", "subscriber", "push")
+    for row in report.failures:
+        assert row.failures and all(named in failure for failure in row.failures), row
+        assert {row.seen[observer] for observer in observers} == {"CANCELED"}, row
+        assert row.answer in ("CANCELED", "client left"), row
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_an_a2a_lite_task_cancelled_mid_model_call(kind: str) -> None:
+    """Cancelled while its skill waits for the model: stock answers CANCELED, then a2a-lite's
+    FAILED ("interrupted by shutdown") lands after it, in the store and at the end of the
+    stream; ours keeps CANCELED everywhere."""
+    pytest.importorskip("a2a_lite", reason="a2a-lite needs a2a-sdk 1.2.2 or newer")
+    import asyncio
+
+    from a2a.types import SendMessageRequest
+    from a2a_lite import Agent
+
+    from a2a_cancelfix.testing import Stream, cancel, make_server, message, state_of, stored, within
+
+    agent = Agent(name="Slow", description="Waits for its model.")
+    thinking = asyncio.Event()
+
+    @agent.skill("think", tags=["think"], task=True)
+    async def think(message: str) -> str:
+        thinking.set()
+        await asyncio.Event().wait()  # A model that takes its time: the cancel lands here.
+        return message  # pragma: no cover
+
+    server = make_server(kind, agent._build_request_handler(agent.build_agent_card()).agent_executor)
+    stream = Stream(server.calls.send_stream(SendMessageRequest(message=message()), "alice"))
+    await within(thinking.wait())
+    await stream.until(lambda: stream.last == "WORKING")
+    task_id = stream.events[0].id
+    assert await within(cancel(server, task_id)) == "CANCELED"
+    assert await stream.ended()
+    states = [state for event in stream.events if (state := state_of(event))]
+    if kind == "stock":
+        assert states[-2:] == ["CANCELED", "FAILED"]
+        assert await stored(server, task_id) == "FAILED"
+        return
+    assert states[-1] == "CANCELED" and "FAILED" not in states
+    assert await stored(server, task_id) == "CANCELED"
+
+
 def teardown_module() -> None:
-    for name in ("adk_agent", "langgraph_agent"):
+    for name in ("adk_agent", "langgraph_agent", "lite_agent"):
         sys.modules.pop(name, None)
 
 
