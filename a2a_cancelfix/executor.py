@@ -93,8 +93,10 @@ class CancellableExecutor(_ExecutorProxy):
         if has_ended(event_queue, context):
             return  # The task ended before this request's run began.
         work = lifecycle.start(task_id, context, event_queue)
-        probe, wrapped = lifecycle.probe, lifecycle.executor  # Not self.__wrapped__: a proxy's
-        queue = RunQueue(event_queue, work)  # attributes are read through a slower hook.
+        # The wrapped executor as the lifecycle holds it: this proxy's own attributes (such as
+        # __wrapped__) are read through wrapt's slower hook, on every message.
+        probe, wrapped = lifecycle.probe, lifecycle.executor
+        queue = RunQueue(event_queue, work)
         try:
             body: Awaitable[None]
             if probe is None:
