@@ -42,9 +42,9 @@ async def cancel_all(
     of the server's is left: ours answers before a run closes, stock after only part of it),
     peak bytes per task, the answers, and the process's CPU seconds to the last answer (what
     a shared machine's load moves least), how much of the seconds to the last answer the
-    garbage collector ran (see `CollectorTime`), and the seconds to the median answer. Time is measured untraced; peak memory in a
-    separate, traced run (tracing slows Python). ``publishes``: the executor's ``cancel()``
-    publishes CANCELED itself.
+    garbage collector ran (see `CollectorTime`), and the seconds to the median answer. Time
+    is measured untraced; peak memory in a separate, traced run (tracing slows Python).
+    ``publishes``: the executor's ``cancel()`` publishes CANCELED itself.
     """
     idle = len(asyncio.all_tasks())
     server = make_server(kind, FleetExecutor(publishes), push=False, told=False)

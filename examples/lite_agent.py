@@ -28,8 +28,8 @@ async def research(message: str) -> str:
     return await fake_model(notes)
 
 
-def executor() -> AgentExecutor:
-    """What a2a-lite's server runs: the executor of the handler it builds for the agent (its
+def executor(of: Agent = agent) -> AgentExecutor:
+    """What a2a-lite's server runs for agent ``of``: the executor of the handler it builds (its
     ``_build_request_handler``, private in a2a-lite 1.2.1, is what ``agent.run()`` serves)."""
-    handler = agent._build_request_handler(agent.build_agent_card())
+    handler = of._build_request_handler(of.build_agent_card())
     return handler.agent_executor

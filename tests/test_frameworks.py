@@ -80,6 +80,7 @@ async def test_an_a2a_lite_task_cancelled_mid_model_call(kind: str) -> None:
     pytest.importorskip("a2a_lite", reason="a2a-lite needs a2a-sdk 1.2.2 or newer")
     import asyncio
 
+    import lite_agent
     from a2a.types import SendMessageRequest
     from a2a_lite import Agent
 
@@ -94,7 +95,7 @@ async def test_an_a2a_lite_task_cancelled_mid_model_call(kind: str) -> None:
         await asyncio.Event().wait()  # A model that takes its time: the cancel lands here.
         return message  # pragma: no cover
 
-    server = make_server(kind, agent._build_request_handler(agent.build_agent_card()).agent_executor)
+    server = make_server(kind, lite_agent.executor(agent))
     stream = Stream(server.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     await within(thinking.wait())
     await stream.until(lambda: stream.last == "WORKING")
