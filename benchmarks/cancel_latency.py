@@ -18,7 +18,16 @@ from a2a_cancelfix.testing import ScriptedExecutor, cancel, make_server
 from a2a_cancelfix.testing.servers import GRACE
 
 MODES = {"publish": "cancel() publishes CANCELED", "empty": "cancel() is empty"}
-RUN = 6  # Back to back: cancels of one handler in a row, the first left out.
+# Each row compares two arms, each a handler and its executor's cancel(), in a phase of its
+# own: a cancel's time depends on what ran just before it (what is still in the processor's
+# caches), so both arms of a row follow the same mix of cancels, the other arm's and their own.
+ROWS = {
+    "publish": (("stock", "publish"), ("ours", "publish")),
+    "empty": (("stock", "empty"), ("ours", "empty")),
+    # The floor: stock whose cancel() publishes CANCELED, which ours always sends.
+    "floor": (("stock", "publish"), ("ours", "empty")),
+}
+RUN = 6  # Back to back: cancels of one arm in a row, the first left out.
 
 
 async def sample(kind: str, mode: str, settled: bool) -> tuple[float, str]:
@@ -36,21 +45,18 @@ async def sample(kind: str, mode: str, settled: bool) -> tuple[float, str]:
 
 
 async def samples(count: int, settled: bool) -> dict:
-    """``count`` cancels of each handler, interleaved so that the drift of a process (its heap,
-    the machine's clock speed) is shared by both: one each in turn on an idle loop; back to
-    back, in runs of ``RUN`` of one handler, the first of each left out, so that what a cancel
-    leaves to close lands in the same handler's next one."""
-    kinds = ("stock", "ours")
-    kept: dict[str, dict[str, list[tuple[float, str]]]] = {
-        mode: {kind: [] for kind in kinds} for mode in MODES
-    }
+    """``count`` cancels of each arm of each row, the arms interleaved so that the drift of a
+    process (its heap, the machine's clock speed) is shared by both: one each in turn on an
+    idle loop; back to back, in runs of ``RUN`` of one arm, the first of each left out, so
+    that what a cancel leaves to close lands in the same arm's next one."""
+    kept: dict[str, list[list[tuple[float, str]]]] = {row: [[], []] for row in ROWS}
     run, skip = (1, 0) if settled else (RUN, 1)
-    for index in range(-(-count // (run - skip))):
-        for mode in MODES:
-            for kind in kinds if index % 2 == 0 else kinds[::-1]:
-                taken = [await sample(kind, mode, settled) for _ in range(run)]
-                kept[mode][kind].extend(taken[skip:])
-    return {mode: {kind: taken[:count] for kind, taken in by_kind.items()} for mode, by_kind in kept.items()}
+    for row, arms in ROWS.items():
+        for index in range(-(-count // (run - skip))):
+            for arm in (0, 1) if index % 2 == 0 else (1, 0):
+                taken = [await sample(*arms[arm], settled) for _ in range(run)]
+                kept[row][arm].extend(taken[skip:])
+    return {row: [taken[:count] for taken in arms] for row, arms in kept.items()}
 
 
 def main(quick: bool) -> None:
@@ -60,24 +66,23 @@ def main(quick: bool) -> None:
         header(f"cancel latency: {count} cancels of a task mid-step in each of {processes} processes, {how}")
         shares = in_processes(__file__, [str(count), str(int(settled))], processes)
         p50s = {}
-        for mode, meaning in MODES.items():
-            figures = {}
-            for kind in ("stock", "ours"):
-                latencies = [took for share in shares for took, _ in share[mode][kind]]
-                answers = sorted({answer for share in shares for _, answer in share[mode][kind]})
-                figures[kind] = (percentile(latencies, 0.5), percentile(latencies, 0.99), "/".join(answers))
-            (s50, s99, s_answers), (o50, o99, o_answers) = figures["stock"], figures["ours"]
-            p50s[mode] = (s50, o50)
+        for row, arms in ROWS.items():
+            figures = []
+            for arm in (0, 1):
+                latencies = [took for share in shares for took, _ in share[row][arm]]
+                answers = sorted({answer for share in shares for _, answer in share[row][arm]})
+                figures.append((percentile(latencies, 0.5), percentile(latencies, 0.99), "/".join(answers)))
+            (s50, s99, s_answers), (o50, o99, o_answers) = figures
+            p50s[row] = ratio(o50, s50)
+            (stock, stock_mode), (ours, ours_mode) = arms
             print(
-                f"{meaning:28} stock p50 {s50 * 1e3:6.3f} ms p99 {s99 * 1e3:6.3f} ms -> {s_answers}; "
-                f"ours p50 {o50 * 1e3:6.3f} ms p99 {o99 * 1e3:6.3f} ms -> {o_answers}; "
-                f"p50 ours/stock {ratio(o50, s50)}"
+                f"{stock} with {MODES[stock_mode]:28} p50 {s50 * 1e3:6.3f} ms p99 {s99 * 1e3:6.3f} ms -> "
+                f"{s_answers}; {ours} with {MODES[ours_mode]:28} p50 {o50 * 1e3:6.3f} ms p99 "
+                f"{o99 * 1e3:6.3f} ms -> {o_answers}; p50 ratio {p50s[row]}"
             )
-        # The floor: stock whose cancel() publishes CANCELED, which ours always sends.
-        floor = p50s["publish"][0]
         print(
-            f"{'':28} p50 ours/floor (stock, cancel() publishes): cancel() publishes "
-            f"{ratio(p50s['publish'][1], floor)}, cancel() is empty {ratio(p50s['empty'][1], floor)}"
+            f"p50 ours/floor (stock, cancel() publishes): cancel() publishes {p50s['publish']}, "
+            f"cancel() is empty {p50s['floor']}"
         )
 
 
