@@ -90,7 +90,8 @@ class Deadlines:
         self._timer = None
         heap, now = self._heap, self.loop.time()
         while heap and (heap[0][0] <= now or heap[0][2] is None):
-            callback = heapq.heappop(heap)[2]
+            entry = heapq.heappop(heap)
+            callback, entry[2] = entry[2], None  # Out of the heap: a later `drop` is nothing.
             if callback is None:
                 self._dropped -= 1
             else:

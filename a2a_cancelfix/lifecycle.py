@@ -38,7 +38,16 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import Once, deadline_in, deadlines, keep, suspended_on, wait_done, wait_patiently
+from a2a_cancelfix._aio import (
+    Deadlines,
+    Once,
+    deadline_in,
+    deadlines,
+    keep,
+    suspended_on,
+    wait_done,
+    wait_patiently,
+)
 from a2a_cancelfix._sdk import CANCELED, STATUS_EVENTS, TERMINAL_STATES, drop_backlog, terminal_state
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL, RemoteCancels
@@ -316,6 +325,7 @@ class Cancellation:
         self.message: str | None = None
         self.done = Once()  # Published, or given up on: execute() may return.
         self._call: asyncio.Future[None] | None = None
+        self._cut_off_at: tuple[Deadlines, list[Any]]  # Set as the call starts: its deadline's entry.
         self._returned = Once()
         self._settle_by: float | None = None  # Fixed by the first wait for the SDK's part.
         # The direct CANCELED write's first attempt (the task as it ends up, or what the store
@@ -417,8 +427,7 @@ class Cancellation:
         if self._call is None:
             self._call = asyncio.ensure_future(self._run_cancel(context, queue))
             timers = deadlines()
-            cut_off = timers.at(self.deadline, self._cut_off)
-            self._call.add_done_callback(lambda _: timers.drop(cut_off))
+            self._cut_off_at = timers, timers.at(self.deadline, self._cut_off)
 
     async def cancel_returned(self) -> None:
         """Wait until ``cancel()`` has returned, raised or been cut off (see `_cut_off`)."""
@@ -441,6 +450,8 @@ class Cancellation:
             )
         finally:
             self._returned.give()
+            timers, cut_off = self._cut_off_at
+            timers.drop(cut_off)
 
     def _cut_off(self) -> None:
         if self._call is not None and not self._call.done():
@@ -801,8 +812,8 @@ class Lifecycle:
         assert outcome is not None
         cancellation.answer(outcome)
         self.end(cancellation)
-        if active is not None:  # After the answers, so that it does not delay them.
-            _tear_down(active, cancellation.task_id)
+        if active is not None:  # Behind the answers, so that it does not delay them.
+            asyncio.get_running_loop().call_soon(_tear_down, active, cancellation.task_id)
 
     async def _cancel(
         self, cancellation: Cancellation, task: Task, active: _sdk.LiveRun | None, caller: ServerCallContext

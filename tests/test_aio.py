@@ -51,6 +51,22 @@ async def test_many_deadlines_fire_in_order_on_one_loop_timer(monkeypatch: pytes
 
 
 @pytest.mark.asyncio
+async def test_dropping_a_deadline_that_fired_is_nothing() -> None:
+    """A cancel's call drops its cut-off as it ends, also after the cut-off fired: the entry
+    is out of the heap by then, and must not be counted among the dropped ones waiting in it
+    (the count decides when the heap is swept)."""
+    timers = deadlines()
+    fired = asyncio.Event()
+    entries = [timers.at(deadline_in(0.001), fired.set) for _ in range(100)]
+    pending = timers.at(deadline_in(60), lambda: None)
+    await within(fired.wait())
+    for entry in entries:
+        timers.drop(entry)
+    timers.drop(pending)
+    assert timers._dropped == sum(1 for entry in timers._heap if entry[2] is None) == 1
+
+
+@pytest.mark.asyncio
 async def test_a_deadline_fires_outside_the_context_that_set_it() -> None:
     """The loop's timer must not keep a run's context (and the run) alive as long as it waits."""
     seen: list[str] = []
