@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import time
+import weakref
 
 import pytest
 import wrapt
@@ -184,6 +186,24 @@ async def test_the_deadline_is_fixed_by_the_first_request() -> None:
     assert await within(joined, GRACE + SLACK) == "CANCELED"
     assert cancellation.deadline == deadline
     assert loop.time() < deadline + MARGIN
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["ours", "wrapped"])
+async def test_a_cancel_that_answered_is_not_kept(kind: str) -> None:
+    """Once answered, nothing holds a cancel: not the deadline that would have cut its
+    ``cancel()`` off (a burst of thousands would be kept for the grace period)."""
+    server = make_server(kind, ScriptedExecutor(cancel="gate"))
+    await start(server)
+    task_id = server.executor.task_id
+    call = asyncio.ensure_future(cancel(server, task_id))
+    await within(server.executor.cancel_called.wait())
+    held = weakref.ref(lifecycle_of(server).cancellations[task_id])
+    server.executor.cancel_gate.open()
+    assert await within(call) == "CANCELED"
+    await eventually(lambda: task_id not in lifecycle_of(server).cancellations)
+    gc.collect()
+    assert held() is None
 
 
 @pytest.mark.asyncio
