@@ -1,18 +1,21 @@
 """Real frameworks' executors, with fake models, swept: every row holds (issue 26).
 
-Run by `nox -s frameworks`, which installs google-adk, a2a-adapter and LangGraph at pinned
-versions; skipped where they are not installed (the default matrix).
+Run by `nox -s frameworks`, which installs google-adk, a2a-adapter, LangGraph and (with
+a2a-sdk 1.2.2+) a2a-lite at pinned versions; skipped where they are not installed (the main
+matrix).
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from a2a.types import SendMessageRequest
 
-from a2a_cancelfix.testing import sweep
+from a2a_cancelfix.testing import Stream, cancel, make_server, message, state_of, stored, sweep, within
 
 from .support import told
 
@@ -78,13 +81,8 @@ async def test_an_a2a_lite_task_cancelled_mid_model_call(kind: str) -> None:
     FAILED ("interrupted by shutdown") lands after it, in the store and at the end of the
     stream; ours keeps CANCELED everywhere."""
     pytest.importorskip("a2a_lite", reason="a2a-lite needs a2a-sdk 1.2.2 or newer")
-    import asyncio
-
     import lite_agent
-    from a2a.types import SendMessageRequest
     from a2a_lite import Agent
-
-    from a2a_cancelfix.testing import Stream, cancel, make_server, message, state_of, stored, within
 
     agent = Agent(name="Slow", description="Waits for its model.")
     thinking = asyncio.Event()
