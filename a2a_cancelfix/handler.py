@@ -237,8 +237,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
-        message_id, follow_up = message.message_id, bool(message.task_id)
-        watchers = lifecycle.watchers
+        watchers, follow_up = lifecycle.watchers, bool(message.task_id)
+        # Read only where it is used: each read of a protobuf field builds a Python object.
+        message_id = message.message_id if follow_up or watchers is not None else ""
         observer = None if watchers is None else watchers.open(message.task_id, message_id)
         if follow_up:
             try:
@@ -254,7 +255,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         try:
             async for event in events:
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
-                if isinstance(event, STATUS_EVENTS) and (state := event.status.state) in TERMINAL_STATES:
+                if type(event) in STATUS_EVENTS and (state := event.status.state) in TERMINAL_STATES:
                     break
                 yield event
             else:
@@ -410,7 +411,7 @@ async def _drain(events: AsyncGenerator[Any, None]) -> None:
 
 
 def _task_id_of(event: Any) -> str:
-    return event.id if isinstance(event, Task) else event.task_id
+    return event.id if type(event) is Task else event.task_id
 
 
 def _ended_without_it(state: int) -> bool:

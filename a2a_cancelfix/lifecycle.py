@@ -1086,8 +1086,10 @@ _ended: set[weakref.ref[Any]] = set()
 
 def has_ended(queue: Any, context: RequestContext) -> bool:
     """Whether the run's queue carried a terminal state, or the task was stored terminal."""
+    if _ended and weakref.ref(queue) in _ended:  # Often empty: no weak reference made then.
+        return True
     task = context.current_task
-    return weakref.ref(queue) in _ended or (task is not None and task.status.state in TERMINAL_STATES)
+    return task is not None and task.status.state in TERMINAL_STATES
 
 
 def may_enqueue(queue: Any, event: Any, task_id: str, terminal: bool) -> bool:
@@ -1155,7 +1157,7 @@ class RunQueue(QueueProxy):
         if run.cancelled or run.watched or run.task_ended:
             return self._enqueue_looked(event)
         queue = self.__wrapped__
-        if isinstance(event, STATUS_EVENTS) and event.status.state in TERMINAL_STATES:
+        if type(event) in STATUS_EVENTS and event.status.state in TERMINAL_STATES:
             run.task_ended = True
             _ended.add(weakref.ref(queue, _ended.discard))
         return queue.enqueue_event(event)

@@ -127,6 +127,12 @@ class FinalStateTaskStore(TaskStore):
         # what the store shows (the testing kit's), which then look again instead of polling.
         self.on_saved: list[Callable[[str], None]] = []
         self._guarded = self._guard(store)
+        # The SDK saves every event and reads the task on every request: bound here, each is
+        # one call, not a method that calls another (a subclass's own methods still come first).
+        if type(self).save is FinalStateTaskStore.save:
+            self.save = self._guarded  # type: ignore[method-assign]
+        if type(self).get is FinalStateTaskStore.get:
+            self.get = store.get  # type: ignore[method-assign]
 
     def _guard(self, store: Any) -> Any:
         """The guarded save for ``store``; TypeError for a store it cannot guard in one step."""
@@ -146,7 +152,7 @@ class FinalStateTaskStore(TaskStore):
 
     def save(self, task: Task, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
-        # Not a coroutine itself: the guarded save is one, the only frame of ours per save.
+        # What a subclass's save reaches through super(); the store's own is bound in __init__.
         return self._guarded(task, context)  # type: ignore[no-any-return]
 
     async def _saved(self, task: Task, stored: int | None) -> None:
@@ -181,7 +187,8 @@ class FinalStateTaskStore(TaskStore):
         if self.notices is not None:
             await self.notices.announce_in(session, task_id)
 
-    # Reads and deletes are the wrapped store's own coroutines, handed on: no frame of ours.
+    # Reads and deletes are the wrapped store's own coroutines, handed on (get is bound to it
+    # in __init__).
 
     def get(  # type: ignore[override]
         self, task_id: str, context: ServerCallContext
@@ -296,46 +303,31 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
     memory = _sdk.memory_tasks(store)
     tasks, lock, owner_of, copying = memory.tasks, memory.lock, memory.owner_resolver, memory.copying
 
-    def check_and_write(task: Task, owner: str) -> int | None:
-        owned = tasks.get(owner)
-        if owned is None:
-            owned = tasks[owner] = {}
-        task_id = task.id  # Once: each read of a protobuf field builds a Python object.
-        stored = owned.get(task_id)
-        if stored is not None:
-            state = stored.status.state
-            if state in TERMINAL_STATES:
-                return state
-        if copying:  # As the SDK's CopyingTaskStoreAdapter stores it.
-            task, original = Task(), task
-            task.CopyFrom(original)
-        owned[task_id] = task
-        return None
-
-    if isinstance(lock, asyncio.Lock):  # 1.0.0-1.1.2
-
-        async def save(task: Task, context: ServerCallContext) -> None:
-            async with lock:
-                stored = check_and_write(task, owner_of(context))
-            if stored is not None or guard.notices is not None:
-                await guard._saved(task, stored)
-            elif guard.on_saved:
-                guard._told_saved(task)
-
-        return save
-
-    async def save_held(task: Task, context: ServerCallContext) -> None:
-        # threading.RLock: 1.1.3+; never held across an await, as nothing inside awaits. Taken
-        # with no context manager of ours: every save of a message comes through here.
+    async def save(task: Task, context: ServerCallContext) -> None:
+        # Every save of every message comes through here: no call of ours inside, and each
+        # protobuf field read once (each read builds a Python object).
         owner = owner_of(context)
-        with lock:
-            stored = check_and_write(task, owner)
+        with lock:  # Nothing inside awaits.
+            owned = tasks.get(owner)
+            if owned is None:
+                owned = tasks[owner] = {}
+            task_id = task.id
+            kept = owned.get(task_id)
+            stored = None if kept is None else kept.status.state
+            if stored not in TERMINAL_STATES:
+                stored = None
+                if copying:  # As the SDK's CopyingTaskStoreAdapter stores it.
+                    kept = Task()
+                    kept.CopyFrom(task)
+                    owned[task_id] = kept
+                else:
+                    owned[task_id] = task
         if stored is not None or guard.notices is not None:
             await guard._saved(task, stored)
         elif guard.on_saved:
             guard._told_saved(task)
 
-    return save_held
+    return save
 
 
 class _Refused(Exception):

@@ -392,15 +392,20 @@ def test_other_stores_are_refused_at_construction() -> None:
 
 
 class Audited(FinalStateTaskStore):
-    """A subclass as users write one: an argument of its own, and a method it extends."""
+    """A subclass as users write one: an argument of its own, and methods it extends."""
 
     def __init__(self, store: Any, *, reads: list[str]) -> None:
         super().__init__(store)
         self.reads = reads
+        self.saves: list[int] = []
 
     async def get(self, task_id: str, context: ServerCallContext) -> Any:
         self.reads.append(task_id)
         return await super().get(task_id, context)
+
+    async def save(self, task: Task, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.saves.append(task.status.state)
+        return await super().save(task, *args, **kwargs)
 
 
 @pytest_asyncio.fixture(params=[*BACKENDS, "versioned"])
@@ -479,7 +484,9 @@ async def test_a_subclass_wraps_every_store(any_sdk_store: Any) -> None:
             await store.save(make_task(state), alice)
         stored = await store.get("task-1", alice)
     assert stored.status.state == CANCELED
+    # Its own methods, not the guard's and the wrapped store's that the class binds for speed.
     assert store.reads == ["task-1"]
+    assert store.saves == [WORKING, CANCELED, COMPLETED]
 
 
 @pytest.mark.asyncio
