@@ -28,8 +28,9 @@ The check and the write are one step of the store, never a read then a write in 
   No row returned means refused; a SELECT in the same transaction then fetches the stored state,
   only for the WARNING. The statement is the same in every release; other databases are refused
   at construction rather than guarded by a race.
-* ``InMemoryTaskStore``: the check and the write under the store's own lock (an
-  ``asyncio.Lock`` in 1.0.0-1.1.2, a ``threading.RLock`` from 1.1.3), with no await between them.
+* ``InMemoryTaskStore``: the check and the write with no await between them, under the store's
+  own ``threading.RLock`` from 1.1.3 (in 1.0.0-1.1.2 its lock is an ``asyncio.Lock`` that the
+  store never holds across an await either, so code that never awaits is atomic without it).
 
 A subclass of the SDK's ``TaskStore`` ABC, not a wrapt proxy: a proxy would pass
 ``isinstance(store, DatabaseTaskStore)`` and hand out the wrapped engine and dict, so code that
