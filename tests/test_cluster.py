@@ -191,6 +191,9 @@ async def test_a_cancel_on_b_cancels_the_run_on_a(database: Database, kind: str)
     task_id = executor.task_id or ""
     remote = Stream(b.calls.subscribe(task_id, "alice"))  # Not live on B: tails the journal.
     await remote.until(lambda: bool(remote.events))
+    # A streams its first half once it is saved. Had B's cancel raced that save, stock on SQLite
+    # could hand both writes one version (see the next section), and A's second half land.
+    await stream.until(lambda: any(type(event) is TaskArtifactUpdateEvent for event in stream.events))
 
     assert await within(cancel(b, task_id)) == "CANCELED"
     executor.step.open()  # A's second half is saved over B's CANCELED.
