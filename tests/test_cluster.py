@@ -365,6 +365,62 @@ async def test_a_completion_queued_before_a_remote_cancel_never_lands_over_it(
     await within(_sdk.force_close(await _sdk.run_of(a.handler, task_id), 1.0))
 
 
+def artifacts_in(stream: Stream) -> int:
+    return sum(type(event) is TaskArtifactUpdateEvent for event in stream.events)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_remote_cancel_racing_a_save_of_the_run_is_not_lost(database: Database, kind: str) -> None:
+    """B's cancel has read the task WORKING and is held there when A's run saves its second half.
+
+    Stock on SQLite: nothing is locked, so A's save lands, then B's CANCELED with the version A's
+    save was handed (as the store's own race above): B answers CANCELED, yet A's run goes on,
+    and its COMPLETED saves over CANCELED with that version. The cancel is lost. Stock on
+    PostgreSQL: B holds the lock, A's save is then told of the conflict and its run's task
+    cancelled. Ours on both: A's save waits for B's lock and is refused; the run is cancelled as
+    a cancel here is (cancel() runs, the shielded section finishes): CANCELED everywhere.
+    """
+    a = await replica(database, kind, HalfWritten())
+    b = await replica(database, kind, ScriptedExecutor())
+    executor: HalfWritten = a.executor  # type: ignore[assignment]
+    stream = await start(a)
+    task_id = executor.task_id or ""
+    await stream.until(lambda: artifacts_in(stream) == 1)  # A's first half is saved.
+    consumer = held_at_artifact_save(a.store)
+    b_read = held_after_its_read(b.store if kind == "stock" else b.store.wrapped)
+    b_cancels = asyncio.ensure_future(cancel(b, task_id))
+    await within(b_read.reached.wait())
+    executor.step.open()
+    await within(consumer.reached.wait())  # A's second half, on its way to the store.
+    consumer.open()
+
+    if kind == "stock" and database.url.startswith("sqlite"):
+        await stream.until(lambda: artifacts_in(stream) == 2)  # Saved, though B read WORKING.
+        b_read.open()
+        assert await within(b_cancels) == "CANCELED"
+        executor.flush.open()
+        await within(executor.completed.wait())
+        assert await stream.ended() and stream.last == "COMPLETED"
+        assert await stored(b, task_id) == "COMPLETED"
+        return
+    b_read.open()  # A's save cannot land before B has committed CANCELED.
+    assert await within(b_cancels) == "CANCELED"
+    if kind == "stock":
+        await within(executor.stopped.wait(), SAVE_BOUND)  # Its task cancelled, mid section.
+        assert not executor.written.is_set() and not executor.cancel_called.is_set()
+    else:
+        await within(executor.cancel_called.wait(), SAVE_BOUND)
+        executor.flush.open()
+        await within(executor.stopped.wait())
+        assert executor.written.is_set()
+    assert not executor.completed.is_set()
+    assert await stream.ended() and stream.last == "CANCELED"
+    assert await stored(a, task_id) == "CANCELED" and await stored(b, task_id) == "CANCELED"
+    saved = await b.calls.get(task_id, "alice")
+    assert [len(artifact.parts) for artifact in saved.artifacts] == [1]  # The second half never landed.
+
+
 # --- The guarded versioned save, on its own. ---------------------------------------------------
 
 
