@@ -434,6 +434,18 @@ async def force_close(active: LiveRun, timeout: float) -> None:
         await active._maybe_cleanup()
 
 
+async def close_runs(handler: DefaultRequestHandlerV2, timeout: float) -> None:
+    """Close every run the handler holds, as the SDK's ``aclose`` does, on a release without it.
+
+    Left to the loop's shutdown, a run whose consumer was saving when it was cancelled never ends:
+    its producer waits for queues nobody drains (seen on 1.0.3-1.3.0).
+    """
+    if not SUPPORTED:
+        return
+    runs = list(handler._active_task_registry._active_tasks.values())  # 1.0.0-1.3.0: runs by id
+    await asyncio.gather(*(force_close(run, timeout) for run in runs))
+
+
 async def write_canceled(
     handler: DefaultRequestHandlerV2, task_id: str, context: ServerCallContext
 ) -> Task | None:

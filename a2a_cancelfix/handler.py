@@ -32,7 +32,7 @@ from a2a_cancelfix._aio import keep
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.executor import CancellableExecutor
-from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, Lifecycle, Settings
+from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Settings
 from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
@@ -174,11 +174,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         return task
 
     async def aclose(self) -> None:
-        """Stop hearing notices and the store's refusals; on a2a-sdk 1.3+, then shut down as the
-        SDK does."""
+        """Stop hearing notices and the store's refusals, then close the runs held here, as the
+        SDK's own ``aclose`` does from a2a-sdk 1.1.2 (on 1.0.x, with the SDK's parts)."""
         await self._remote.aclose()
         if _sdk_close is not None:
             await _sdk_close(self)
+        else:
+            await _sdk.close_runs(self, MARGIN)
 
     @_telemetry.traced_as_sdk
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
@@ -453,6 +455,6 @@ def _guarded(store: Any) -> Any:
 # The SDK's own constructor and shutdown, as the SDK defines them: ours call them, also once
 # `a2a_cancelfix.patch()` has put ours in their place on the SDK's class.
 _sdk_init = DefaultRequestHandlerV2.__init__
-_sdk_close = getattr(DefaultRequestHandlerV2, "aclose", None)  # 1.3.0
+_sdk_close = getattr(DefaultRequestHandlerV2, "aclose", None)  # 1.1.2+
 # The SDK's constructor's parameters, to find the task store among the arguments it is given.
 _SDK_INIT = inspect.signature(_sdk_init)

@@ -33,7 +33,7 @@ _METHODS = (
     "on_get_task",
     "aclose",
 )
-_ABSENT = object()  # An SDK class without the method (aclose before 1.3.0).
+_ABSENT = object()  # An SDK class without the method (aclose on 1.0.x).
 
 # The SDK class's own attributes that patch() replaced, while it is patched.
 _replaced: dict[str, Any] | None = None

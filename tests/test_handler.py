@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from a2a.server.tasks import (
 from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
+    Task,
     TaskNotCancelableError,
     TaskState,
     TaskStatus,
@@ -51,6 +53,7 @@ from a2a_cancelfix.testing import (
 from a2a_cancelfix.testing.servers import GRACE, Calls
 from a2a_cancelfix.testing.waits import eventually
 
+from . import expected
 from .support import logged, set_within, tasks_since
 
 # A cancel must return within the grace period plus this.
@@ -380,6 +383,52 @@ async def test_nothing_is_left_behind(executor: str) -> None:
     await eventually(lambda: _gone(server, task_id, before))
     lifecycle = server.handler.agent_executor.cancel_lifecycle
     assert lifecycle.cancellations == {} and lifecycle.works == {}
+
+
+class SavingSlowly(InMemoryTaskStore):
+    """An in-memory store whose saves of COMPLETED wait at ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = Gate()
+
+    async def save(self, task: Task, *args: Any, **kwargs: Any) -> None:
+        if task.status.state == TaskState.TASK_STATE_COMPLETED:
+            await self.gate()
+        await super().save(task, *args, **kwargs)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind: str) -> None:
+    """The server shuts down while the run's consumer is saving COMPLETED (the store does not
+    answer) with events queued behind it: its ``aclose()``, where it has one, then the loop
+    cancels every task left, as ``asyncio.run`` does at its end.
+
+    Ours closes the run in ``aclose()`` on every release, as the SDK's own does from 1.1.2, so
+    every task then ends. Stock has no ``aclose()`` on 1.0.x: on 1.0.3 the cancelled producer
+    waits for good for queues its cancelled consumer no longer drains; the process never exits.
+    (1.0.0's ends. From 1.0.3 on, stock's run and ours meet that end too if nothing calls
+    ``aclose()``.)
+    """
+    store = SavingSlowly()
+    server = make_server(kind, ScriptedExecutor(), store=store)
+    await start(server)
+    server.executor.step.open()
+    await within(store.gate.reached.wait())
+    aclose = getattr(server.handler, "aclose", None)
+    if aclose is not None:
+        await within(aclose())  # The save still waits.
+    left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in left:
+        task.cancel()
+    if kind == "stock" and aclose is None and expected.column() > 0:
+        await wait_all_tasks_blocked()
+        assert {task.get_name().split(":")[0] for task in left if not task.done()} >= {"producer"}
+        # Free them for the next test: cancel what the producer's close started since.
+        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            task.cancel()
+    await within(asyncio.gather(*left, return_exceptions=True))
 
 
 async def _gone(server: Server, task_id: str, before: set[asyncio.Task]) -> bool:
