@@ -9,7 +9,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from a2a_cancelfix.testing import Report
+import wrapt
+from a2a.types import TaskState
+
+from a2a_cancelfix.testing import Gate, Report
 
 
 def tasks_since(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
@@ -44,6 +47,23 @@ def logged(text: str, logger: str = "a2a_cancelfix") -> Iterator[asyncio.Event]:
         yield event
     finally:
         logging.getLogger(logger).removeHandler(handler)
+
+
+class CompletionHeld(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A task store whose next save of COMPLETED waits at ``gate``."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self._self_gate = Gate()
+
+    @property
+    def gate(self) -> Gate:
+        return self._self_gate
+
+    async def save(self, task: Any, *args: Any, **kwargs: Any) -> None:
+        if task.status.state == TaskState.TASK_STATE_COMPLETED and not self._self_gate.reached.is_set():
+            await self._self_gate()
+        await self.__wrapped__.save(task, *args, **kwargs)
 
 
 def told(report: Report) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +19,6 @@ from a2a.server.tasks import (
 from a2a.types import (
     CancelTaskRequest,
     SendMessageRequest,
-    Task,
     TaskNotCancelableError,
     TaskState,
     TaskStatus,
@@ -54,7 +52,7 @@ from a2a_cancelfix.testing.servers import GRACE, Calls
 from a2a_cancelfix.testing.waits import eventually
 
 from . import expected
-from .support import logged, set_within, tasks_since
+from .support import CompletionHeld, logged, set_within, tasks_since
 
 # A cancel must return within the grace period plus this.
 SLACK = 1.5
@@ -385,19 +383,6 @@ async def test_nothing_is_left_behind(executor: str) -> None:
     assert lifecycle.cancellations == {} and lifecycle.works == {}
 
 
-class SavingSlowly(InMemoryTaskStore):
-    """An in-memory store whose saves of COMPLETED wait at ``gate``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = Gate()
-
-    async def save(self, task: Task, *args: Any, **kwargs: Any) -> None:
-        if task.status.state == TaskState.TASK_STATE_COMPLETED:
-            await self.gate()
-        await super().save(task, *args, **kwargs)
-
-
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["stock", "ours"])
 async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind: str) -> None:
@@ -411,7 +396,7 @@ async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind:
     (1.0.0's ends. From 1.0.3 on, stock's run and ours meet that end too if nothing calls
     ``aclose()``.)
     """
-    store = SavingSlowly()
+    store = CompletionHeld(InMemoryTaskStore())
     server = make_server(kind, ScriptedExecutor(), store=store)
     await start(server)
     server.executor.step.open()

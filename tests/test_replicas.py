@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import Awaitable
 
 import pytest
-import wrapt
 from a2a.server.agent_execution import RequestContext
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import SendMessageRequest, TaskState
@@ -30,6 +29,8 @@ from a2a_cancelfix.testing import (
     within,
 )
 from a2a_cancelfix.testing.waits import eventually
+
+from .support import CompletionHeld
 
 SLICE = 0.001
 """Seconds of work between two checkpoints."""
@@ -372,19 +373,6 @@ async def test_a_cancel_noticed_while_a_parked_task_resumes_reaches_the_resumed_
     assert a.executor.cancel_called.is_set()
 
 
-class CompletionHeld(wrapt.ObjectProxy):  # type: ignore[misc]
-    """A shared store whose next save of COMPLETED waits at ``gate``."""
-
-    def __init__(self, store) -> None:
-        super().__init__(store)
-        self._self_gate = Gate()
-
-    async def save(self, task, context) -> None:
-        if task.status.state == TaskState.TASK_STATE_COMPLETED and not self._self_gate.reached.is_set():
-            await self._self_gate()
-        await self.__wrapped__.save(task, context)
-
-
 @pytest.mark.asyncio
 async def test_a_completion_the_store_refused_ends_the_streams_on_what_it_holds() -> None:
     """A's run publishes COMPLETED after its look read WORKING; B's CANCELED is stored before
@@ -398,9 +386,9 @@ async def test_a_completion_the_store_refused_ends_the_streams_on_what_it_holds(
     subscriber = Stream(a.calls.subscribe(task_id, "alice"))
     await subscriber.until(lambda: bool(subscriber.events))
     a.executor.step.open()  # A completes: its look reads WORKING, its COMPLETED waits to be saved.
-    await within(store._self_gate.reached.wait())
+    await within(store.gate.reached.wait())
     assert await within(cancel(b, task_id)) == "CANCELED"
-    store._self_gate.open()
+    store.gate.open()
     assert await sent.ended() and sent.last == "CANCELED"
     assert await subscriber.ended() and subscriber.last == "CANCELED"
     assert await stored(a, task_id) == "CANCELED"
