@@ -172,6 +172,11 @@ def half(context: RequestContext, index: int) -> TaskArtifactUpdateEvent:
     )
 
 
+def artifacts_in(stream: Stream) -> int:
+    """How many artifact updates (halves of the answer) ``stream`` has shown."""
+    return sum(type(event) is TaskArtifactUpdateEvent for event in stream.events)
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_cancel_on_b_cancels_the_run_on_a(database: Database, kind: str) -> None:
@@ -193,7 +198,7 @@ async def test_a_cancel_on_b_cancels_the_run_on_a(database: Database, kind: str)
     await remote.until(lambda: bool(remote.events))
     # A streams its first half once it is saved. Had B's cancel raced that save, stock on SQLite
     # could hand both writes one version (see the next section), and A's second half land.
-    await stream.until(lambda: any(type(event) is TaskArtifactUpdateEvent for event in stream.events))
+    await stream.until(lambda: artifacts_in(stream) == 1)
 
     assert await within(cancel(b, task_id)) == "CANCELED"
     executor.step.open()  # A's second half is saved over B's CANCELED.
@@ -363,10 +368,6 @@ async def test_a_completion_queued_before_a_remote_cancel_never_lands_over_it(
     assert not await _not_running(a, task_id)
     assert await stored(b, task_id) == "CANCELED"
     await within(_sdk.force_close(await _sdk.run_of(a.handler, task_id), 1.0))
-
-
-def artifacts_in(stream: Stream) -> int:
-    return sum(type(event) is TaskArtifactUpdateEvent for event in stream.events)
 
 
 @pytest.mark.asyncio
