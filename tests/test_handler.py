@@ -404,6 +404,7 @@ async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind:
     aclose = getattr(server.handler, "aclose", None)
     if aclose is not None:
         await within(aclose())  # The save still waits.
+        await within(aclose())  # Again, with nothing left to close: as the SDK's, harmless.
     left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
     for task in left:
         task.cancel()
