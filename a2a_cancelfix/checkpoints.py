@@ -87,6 +87,8 @@ class Run:
     # The work has begun to unwind because of the cancel: interrupting it now could cut
     # its cleanup (a claim's release, say) in half.
     unwinding = False
+    # Suspended in a look of its own (a checkpoint, an enqueue), after which it raises if cancelled.
+    looking = False
     _shields = 0
     _unshielded: asyncio.Event | None = None  # Made by the first shielded section.
     _probe: Probe | None = None
@@ -163,8 +165,16 @@ class Run:
 
     async def watch(self) -> None:
         """Look for a cancel recorded elsewhere now; raise if there is one (or was one)."""
-        await self.look()
+        await self.look_in_run()
         self.raise_if_cancelled()
+
+    async def look_in_run(self) -> None:
+        """`look`, from the run's own code, which checks for the cancel once it returns."""
+        self.looking = True
+        try:
+            await self.look()
+        finally:
+            self.looking = False
 
     def _enter_shield(self) -> None:
         self._shields += 1

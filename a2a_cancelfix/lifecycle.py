@@ -155,25 +155,35 @@ class Work(Run):
     task_ended = False
     interrupted = False
     abandoned = False
-    # The await the work was suspended at when the cancel came (None: it was running).
-    found_at: object | None = None
+    # The await the work was suspended at when the cancel came, not yet done (None: it was
+    # running, or its await had returned and it waited in the loop's queue to resume), and
+    # whether the run had ``on_cancel`` callbacks then.
+    found_at: asyncio.Future[Any] | None = None
+    had_callbacks = False
     _ended: Once | None = None  # Made by the first wait for the end.
 
     def signalled(self) -> None:
-        """The cancel has come: note where the work waits, to tell later whether it moved."""
+        """The cancel has come, its callbacks not fired yet: note where the work waits."""
         if self.runner is not None:
-            self.found_at = suspended_on(self.runner)
+            waiting: Any = suspended_on(self.runner)
+            self.found_at = None if waiting is None or waiting.done() else waiting
+            self.had_callbacks = bool(self._callbacks)
 
     @property
-    def moved(self) -> bool:
-        """Whether the work has resumed since the cancel came (or is about to), and so may be
-        cleaning up."""
-        assert self.runner is not None
-        if self.found_at is None:
+    def aborted_by_callback(self) -> bool:
+        """Whether an ``on_cancel`` callback of the run aborted the await the cancel found it
+        at: the work unwinds from that, and may be releasing what it holds.
+
+        An await that returned normally, or on its own, moved nothing of ours: such work is
+        interrupted at its next suspension, as the SDK's own cancel does.
+        """
+        found = self.found_at
+        if found is None or not self.had_callbacks:
             return False
-        waiting = suspended_on(self.runner)
-        # Still there, but what it waits for is done: it resumes next, past that await.
-        return waiting is not self.found_at or self.found_at.done()  # type: ignore[attr-defined]
+        cancelling = getattr(found, "cancelling", None)  # A task's, from Python 3.11.
+        if cancelling is not None and cancelling():  # A task still unwinding.
+            return True
+        return found.done() and (found.cancelled() or found.exception() is not None)
 
     async def run_inline(self, work: Awaitable[None]) -> None:
         """Run the work in this task, inside the run's scope; a cancel of the task ends it normally."""
@@ -223,10 +233,11 @@ class Work(Run):
     async def stop(self, deadline: float, name: str) -> None:
         """Let a shielded section finish, interrupt the work unless it already unwinds, wait.
 
-        Only work still suspended where the cancel found it is interrupted at once: work that
-        resumed since (an ``on_cancel`` callback aborted its call, say) may be releasing what
-        it holds, and is interrupted only at ``deadline``. Past it, the work is abandoned:
-        nothing it enqueues goes in.
+        Work is interrupted at once unless it unwinds from the cancel already (a checkpoint
+        raised in it, a ``@cancellable`` step failed, an ``on_cancel`` callback aborted its
+        call) or is about to (a checkpoint's look, which raises as it returns): such work may
+        be releasing what it holds, and is interrupted only at ``deadline``. Past it, the
+        work is abandoned: nothing it enqueues goes in.
         """
         if self.ended or self.abandoned or self.runner is None:
             return
@@ -240,10 +251,10 @@ class Work(Run):
                     self.task_id,
                     _where(self.runner),
                 )
-        if not self.ended and not self.unwinding and not self.moved:
+        if not (self.ended or self.unwinding or self.looking or self.aborted_by_callback):
             self._interrupt()
         if not await self._wait_ended(deadline) and not self.interrupted:
-            self._interrupt()  # It moved on, but has not ended within the grace period.
+            self._interrupt()  # Its cleanup has not ended within the grace period.
             await self._wait_ended(deadline)  # The one loop turn it gets to end in.
         if not self.ended:
             self.abandoned = True
@@ -1167,7 +1178,7 @@ class RunQueue(QueueProxy):
         terminal = terminal_state(event) is not None
         if not run.cancelled and (terminal or time.monotonic() >= run.next_look):
             # Before ending the task above all: another replica may have cancelled it.
-            await run.look()
+            await run.look_in_run()
         if run.cancelled:
             if run.shielded:
                 logger.debug("Dropped %s enqueued by cancelled task %s", type(event).__name__, run.task_id)

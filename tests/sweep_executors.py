@@ -1,5 +1,5 @@
 """Executors with one cancellation defect each, as real agents have them: the sweep must catch
-each; and one without, whose clean-up the sweep must not mistake for one."""
+each; and some without, whose plain code or clean-up the sweep must not mistake for one."""
 
 from __future__ import annotations
 
@@ -122,11 +122,29 @@ class ShieldOutlastsGrace(Agent):
 
 
 class LoopWithoutCheckpoint(Agent):
-    """Calls tools in a loop that never awaits a checkpoint nor enqueues."""
+    """No defect: calls tools in a loop that never awaits a checkpoint nor enqueues."""
 
     async def work(self) -> None:
         for _ in range(3):
             await io()
+
+
+class PlainTokens(Agent):
+    """No defect, and no checkpoint: plain asyncio, as frameworks write it. A model call per
+    token, a tool every tenth, a claim released in ``finally``."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    async def work(self) -> None:
+        self.claims += 1
+        try:
+            for token in range(12):
+                await io()  # The model's next token.
+                if token % 10 == 9:
+                    await io()  # A tool.
+        finally:
+            self.claims -= 1
 
 
 class CleansUpShielded(Agent):

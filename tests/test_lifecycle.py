@@ -288,6 +288,54 @@ class ReportAgent(ScriptedExecutor):
             unregister()
 
 
+class WokenByItsCancel(ScriptedExecutor):
+    """Plain asyncio, no checkpoint: its model call returns while ``cancel()`` runs (the run's
+    await completes as the cancel comes), and it goes on to the next call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next_call = Gate()
+        self.log: list[str] = []
+
+    async def _work_step(self) -> None:
+        try:
+            await self.step()
+        except asyncio.CancelledError:
+            self.log.append("step interrupted")
+            raise
+        self.log.append("step returned")
+        try:
+            await self.next_call()
+        except asyncio.CancelledError:
+            self.log.append("next call interrupted")
+            raise
+        self.log.append("next call returned")
+
+    async def cancel(self, context, event_queue) -> None:
+        self.step.open()
+        await super().cancel(context, event_queue)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_run_woken_as_the_cancel_comes_stops_at_its_next_await(kind: str) -> None:
+    """A plain run whose await returns as the cancel comes is interrupted at its next await, as
+    the SDK's own cancel does (1.1.4+; before, it kills the run before ``cancel()``), not left
+    running until the grace period ends."""
+    agent = WokenByItsCancel()
+    server = make_server(kind, agent, cancel_grace_period=30.0)
+    await start(server)
+    cancelling = asyncio.ensure_future(cancel(server, agent.task_id))
+    await within(agent.stopped.wait())
+    assert "next call returned" not in agent.log
+    if kind == "stock":
+        assert agent.log in (["step interrupted"], ["step returned", "next call interrupted"])
+        cancelling.cancel()
+        return
+    assert agent.log == ["step returned", "next call interrupted"]
+    assert await within(cancelling) == "CANCELED"
+
+
 @pytest.mark.asyncio
 async def test_cleanup_under_way_is_not_interrupted() -> None:
     """The callback aborts the call, the claim's release begins; cancel() returning later does

@@ -220,10 +220,14 @@ class _Driven:
 
     def __await__(self) -> Generator[Any, None, None]:
         probe, coro, run = self.probe, self.coro, self.run
-        if probe.runs > 1:  # A follow-up: the cancel may come before execute() does anything.
-            yield from probe.point("start", f"before run {probe.runs}'s execute()").__await__()
         value: Any = None
         error: BaseException | None = None
+        if probe.runs > 1:  # A follow-up: the cancel may come before execute() does anything.
+            start = f"before run {probe.runs}'s execute()"
+            try:
+                yield from probe.point("start", start).__await__()
+            except BaseException as thrown:  # Interrupted there: execute() raises it at once.
+                error = _thrown(probe, run, thrown, start)
         last: tuple[Any, Any] = (None, None)  # The user's frame and what it awaits, last time.
         try:
             while True:

@@ -49,6 +49,7 @@ from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
+from a2a_cancelfix.testing._notices import LocalNotices
 from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
 from a2a_cancelfix.testing._table import table
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
@@ -360,7 +361,8 @@ class _World:
         self.plan = plan
         self.probe = probe = Probe(target, pending, visit=self._visit)
         self.unwatched = unwatched  # No subscriber nor push config: the sender's client leaves.
-        self.store = FinalStateTaskStore(InMemoryTaskStore())
+        # With notices, as the README asks of replicas: a run that never looks hears B's cancel.
+        self.store = FinalStateTaskStore(InMemoryTaskStore(), notices=LocalNotices())
         self.configs = InMemoryPushNotificationConfigStore()
         self.push = PushReceiver()
         note_user(plan.factory)
@@ -507,7 +509,12 @@ class _World:
         answer_bound = self.plan.grace_period + MARGIN + 1.0
         started = asyncio.get_running_loop().time()
         if origin == "remote":
+            heard = asyncio.Event()
+            if run is not None and applies:
+                run.add_callback(heard.set)  # A heard B's cancel: the run goes on as it does.
             row.answer = await answer_or_hang(self._cancel(self.b), answer_bound)
+            if run is not None and applies:
+                await _set_within(heard, answer_bound)
             probe.open()
         elif origin == "unwatched":  # Nobody asks: the option's clock must run out.
             if run is not None and applies:
