@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 
-from a2a_cancelfix._aio import deadline_in
+from a2a_cancelfix._aio import checked_seconds, deadline_in
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     Lifecycle,
     RunQueue,
     Settings,
     Work,
-    _seconds,
     has_ended,
 )
 
@@ -66,7 +65,7 @@ class CancellableExecutor(_ExecutorProxy):
         if executor is self:  # __new__ handed back an existing proxy: keep it as it is.
             return
         require_executor("executor", executor)
-        settings = Settings(cancel_grace_period=_seconds("grace_period", grace_period))
+        settings = Settings(cancel_grace_period=checked_seconds("grace_period", grace_period))
         super().__init__(executor)
         self._self_lifecycle = Lifecycle(executor, settings)
 
