@@ -121,22 +121,24 @@ def is_patched() -> bool:
 
 class _Dispatch:
     """A method of the SDK's class once patched: ours for a handler our constructor built,
-    the SDK's own (or none, where the SDK has none) for any other."""
+    the SDK's own (or none, where the SDK has none) for any other.
+
+    Read on the class, it is a function that chooses so at each call: what wraps it (an
+    instrumentation replacing the class's method) keeps both.
+    """
 
     def __init__(self, ours: Callable[..., Any], sdk: Any) -> None:
-        self._ours, self._sdk = ours, sdk
+        self.ours, self.sdk = ours, sdk
         self._unbound = _ours_if_built_so(ours, sdk)
 
     def __get__(self, handler: Any, owner: type | None = None) -> Any:
         if handler is None:
-            return self._unbound  # The class's: ``DefaultRequestHandlerV2.method(handler, ...)``.
+            return self._unbound
         if "_lifecycle" in handler.__dict__:
-            return self._ours.__get__(handler, owner)
-        if self._sdk is _ABSENT:
-            raise AttributeError(
-                f"{type(handler).__name__!r} object has no attribute {self._ours.__name__!r}"
-            )
-        return self._sdk.__get__(handler, owner)
+            return self.ours.__get__(handler, owner)
+        if self.sdk is _ABSENT:
+            raise AttributeError(f"{type(handler).__name__!r} object has no attribute {self.ours.__name__!r}")
+        return self.sdk.__get__(handler, owner)
 
 
 def _ours_if_built_so(ours: Callable[..., Any], sdk: Any) -> Callable[..., Any]:
