@@ -1,4 +1,5 @@
-"""Asyncio plumbing, once: bounded waits that create no task, and background work kept alive."""
+"""Asyncio plumbing, once: bounded waits that create no task, and background work kept alive;
+the check of the seconds a wait is given."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import functools
 import heapq
 import itertools
 import logging
+import math
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -256,3 +258,16 @@ async def wait_patiently(wait: Callable[[float], Awaitable[bool]], deadline: flo
 def deadline_in(seconds: float) -> float:
     """The loop's clock ``seconds`` from now."""
     return asyncio.get_running_loop().time() + seconds
+
+
+def checked_seconds(name: str, value: Any) -> float:
+    """``value`` as seconds, where the caller named it ``name``.
+
+    Raises:
+        TypeError, ValueError: naming ``name``, for what is not a finite number above 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds greater than 0, not {value!r}")
+    return float(value)

@@ -15,9 +15,9 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import wrapt
-from a2a.server.agent_execution import RequestContext
+from a2a.server.agent_execution import AgentExecutor, RequestContext
 
-from a2a_cancelfix._aio import deadline_in
+from a2a_cancelfix._aio import checked_seconds, deadline_in
 from a2a_cancelfix.lifecycle import (
     DEFAULT_GRACE_PERIOD,
     Lifecycle,
@@ -28,7 +28,6 @@ from a2a_cancelfix.lifecycle import (
 )
 
 if TYPE_CHECKING:
-    from a2a.server.agent_execution import AgentExecutor
     from a2a.server.events.event_queue import EventQueue
 
     class _ExecutorProxy(wrapt.ObjectProxy[AgentExecutor], AgentExecutor):
@@ -51,6 +50,7 @@ class CancellableExecutor(_ExecutorProxy):
             `a2a_cancelfix.DefaultRequestHandler` passes its own ``cancel_grace_period``.
 
     Raises:
+        TypeError: ``executor`` is not an executor.
         TypeError, ValueError: a grace period that is not a finite number above 0.
     """
 
@@ -64,7 +64,8 @@ class CancellableExecutor(_ExecutorProxy):
     def __init__(self, executor: AgentExecutor, *, grace_period: float = DEFAULT_GRACE_PERIOD) -> None:
         if executor is self:  # __new__ handed back an existing proxy: keep it as it is.
             return
-        settings = Settings(cancel_grace_period=grace_period)
+        require_executor("executor", executor)
+        settings = Settings(cancel_grace_period=checked_seconds("grace_period", grace_period))
         super().__init__(executor)
         self._self_lifecycle = Lifecycle(executor, settings)
 
@@ -147,3 +148,19 @@ class CancellableExecutor(_ExecutorProxy):
         published on the queue, which ``execute()`` keeps open until it is.
         """
         await self._self_lifecycle.requested_by_sdk(context, event_queue)
+
+
+def require_executor(name: str, value: object) -> None:
+    """Refuse, where it is given, what is not an executor: it would fail at the first request.
+
+    Raises:
+        TypeError: naming ``name``.
+    """
+    if isinstance(value, AgentExecutor):
+        return
+    if isinstance(value, type):
+        raise TypeError(f"{name} must be an executor, not the class {value.__qualname__}: give an instance")
+    if not all(callable(getattr(value, method, None)) for method in ("execute", "cancel")):
+        raise TypeError(
+            f"{name} must be an AgentExecutor (with execute() and cancel()), not {type(value).__qualname__}"
+        )

@@ -31,7 +31,7 @@ from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import keep
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Probe
-from a2a_cancelfix.executor import CancellableExecutor
+from a2a_cancelfix.executor import CancellableExecutor, require_executor
 from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Settings
 from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
@@ -91,6 +91,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     executor inside it with its own options, whatever the proxy was built with.
 
     Raises:
+        TypeError: ``agent_executor`` is not an executor.
         TypeError, ValueError: an option outside its documented values.
     """
 
@@ -107,6 +108,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         probe: Probe | None = None,
         **kwargs: Any,
     ) -> None:
+        require_executor("agent_executor", agent_executor)
         settings = Settings(
             cancel_grace_period,
             replica_poll_interval,

@@ -41,6 +41,7 @@ from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import (
     Deadlines,
     Once,
+    checked_seconds,
     deadline_in,
     deadlines,
     keep,
@@ -97,14 +98,15 @@ class Settings:
 
     def __post_init__(self) -> None:
         set_checked = functools.partial(object.__setattr__, self)
-        set_checked("cancel_grace_period", _seconds("cancel_grace_period", self.cancel_grace_period))
+        set_checked("cancel_grace_period", checked_seconds("cancel_grace_period", self.cancel_grace_period))
         if self.replica_poll_interval is not None:
             set_checked(
-                "replica_poll_interval", _seconds("replica_poll_interval", self.replica_poll_interval)
+                "replica_poll_interval", checked_seconds("replica_poll_interval", self.replica_poll_interval)
             )
         if self.cancel_unwatched_after is not None:
             set_checked(
-                "cancel_unwatched_after", _seconds("cancel_unwatched_after", self.cancel_unwatched_after)
+                "cancel_unwatched_after",
+                checked_seconds("cancel_unwatched_after", self.cancel_unwatched_after),
             )
         if not isinstance(self.cancel_unwatched_parked, bool):
             raise TypeError(
@@ -116,14 +118,6 @@ class Settings:
             raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {self.on_parked!r}")
         if self.on_canceled not in ("raise", "return"):
             raise ValueError(f"on_canceled must be 'raise' or 'return', not {self.on_canceled!r}")
-
-
-def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds greater than 0, not {value!r}")
-    return float(value)
 
 
 class Step(enum.IntEnum):

@@ -17,7 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from a2a_cancelfix._aio import keep
+from a2a_cancelfix._aio import checked_seconds, keep
 
 __all__ = ["CancelNotices", "PostgresNotices", "RedisNotices"]
 
@@ -34,11 +34,25 @@ _Notices = contextlib.AbstractAsyncContextManager[AsyncIterator[str | None]]
 
 
 class CancelNotices(abc.ABC):
-    """How replicas tell each other of a cancel: announce a task id, listen for them."""
+    """How replicas tell each other of a cancel: announce a task id, listen for them.
+
+    Args:
+        channel: the channel's name, the same on every replica.
+        heartbeat: seconds within which an idle listening connection is checked, and a
+            notice sent.
+
+    Raises:
+        TypeError, ValueError: a channel that is not a non-empty string, a heartbeat that is
+            not a finite number of seconds above 0.
+    """
 
     def __init__(self, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
+        if not isinstance(channel, str):
+            raise TypeError(f"channel must be a string, not {type(channel).__name__}")
+        if not channel:
+            raise ValueError("channel must be a name, not empty")
         self.channel = channel
-        self.heartbeat = heartbeat
+        self.heartbeat = checked_seconds("heartbeat", heartbeat)
 
     async def announce_in(self, session: Any, task_id: str) -> None:
         """Announce in the transaction that records the cancel: delivered on its commit."""
@@ -79,26 +93,32 @@ class PostgresNotices(CancelNotices):
     Args:
         engine: the SQLAlchemy engine of the ``DatabaseTaskStore`` (``postgresql+asyncpg``).
         channel: the NOTIFY channel, the same on every replica.
+        heartbeat: as `CancelNotices`'s.
 
     Raises:
         TypeError: an engine that is not PostgreSQL through asyncpg.
         ValueError: a channel name PostgreSQL would not keep whole (over 63 bytes): its
             ``LISTEN`` truncates it silently while ``pg_notify`` refuses it, so every cancel
             would fail.
+        TypeError, ValueError: as `CancelNotices`'s.
     """
 
     def __init__(self, engine: Any, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
-        dialect = engine.dialect
+        dialect = getattr(engine, "dialect", None)
+        if dialect is None:
+            raise TypeError(
+                f"engine must be a SQLAlchemy engine (postgresql+asyncpg), not {type(engine).__name__}"
+            )
         if (dialect.name, dialect.driver) != ("postgresql", "asyncpg"):
             raise TypeError(
                 f"PostgresNotices needs a postgresql+asyncpg engine, not {dialect.name}+{dialect.driver}"
             )
-        if not channel or len(channel.encode()) > _LONGEST_NAME:
+        super().__init__(channel, heartbeat=heartbeat)
+        if len(channel.encode()) > _LONGEST_NAME:
             raise ValueError(
                 f"the NOTIFY channel must be a name of 1 to {_LONGEST_NAME} bytes (PostgreSQL's "
                 f"limit), not {len(channel.encode())}: {channel!r}"
             )
-        super().__init__(channel, heartbeat=heartbeat)
         self.engine = engine
         self.name = f"a2a_cancelfix listening on {channel}"[:63]
 
@@ -167,9 +187,16 @@ class RedisNotices(CancelNotices):
     Args:
         client: a ``redis.asyncio.Redis``, the same server for every replica.
         channel: the pub/sub channel.
+        heartbeat: as `CancelNotices`'s.
+
+    Raises:
+        TypeError: a client without ``publish`` and ``pubsub``.
+        TypeError, ValueError: as `CancelNotices`'s.
     """
 
     def __init__(self, client: Any, channel: str = CHANNEL, *, heartbeat: float = HEARTBEAT) -> None:
+        if not all(callable(getattr(client, method, None)) for method in ("publish", "pubsub")):
+            raise TypeError(f"client must be a redis.asyncio.Redis, not {type(client).__name__}")
         super().__init__(channel, heartbeat=heartbeat)
         self.client = client
 

@@ -34,17 +34,20 @@ _METHODS = (
     "aclose",
 )
 _ABSENT = object()  # An SDK class without the method (aclose on 1.0.x).
+_SDK_INIT = DefaultRequestHandlerV2.__dict__["__init__"]
 
-# The SDK class's own attributes that patch() replaced, while it is patched.
-_replaced: dict[str, Any] | None = None
+# The options in force while patched; None while not.
+_options: dict[str, Any] | None = None
 
 
 def patch(**options: Any) -> None:
     """Make every handler of the SDK's ``DefaultRequestHandlerV2`` class ours, from now on.
 
-    Handlers built before the call keep the SDK's behaviour. A second call changes nothing
-    (call `unpatch` first to change the options). On an a2a-sdk release whose internals this
-    package cannot find, the SDK is left untouched, with one ``RuntimeWarning``.
+    Handlers built before the call keep the SDK's behaviour; handlers built while patched
+    keep ours for good, `unpatch` or not. A second call with the same options changes nothing;
+    with other options it raises (call `unpatch` first: a handler built in between would keep
+    the first ones). On an a2a-sdk release whose internals this package cannot find, the SDK is
+    left untouched, with one ``RuntimeWarning``.
 
     Args:
         options: our handler's keyword options (``cancel_grace_period``, ``on_parked``,
@@ -53,14 +56,20 @@ def patch(**options: Any) -> None:
 
     Raises:
         TypeError, ValueError: an option outside its documented values, or an unknown one.
+        RuntimeError: already patched with other options.
     """
-    global _replaced
+    global _options
     unknown = set(options) - set(Settings.__dataclass_fields__)
     if unknown:
         raise TypeError(f"patch() got unknown options: {', '.join(sorted(unknown))}")
-    Settings(**options)  # Checked now, not at the first handler a framework builds.
-    if _replaced is not None:
-        return
+    settings = Settings(**options)  # Checked now, not at the first handler a framework builds.
+    if _options is not None:
+        if settings == Settings(**_options):
+            return
+        raise RuntimeError(
+            f"a2a_cancelfix.patch() is in force with options {_options}: call unpatch() "
+            f"before patch() with {options}"
+        )
     if not _sdk.SUPPORTED:
         message = (
             f"a2a_cancelfix.patch() left a2a-sdk {_sdk.SDK_VERSION} untouched: it lacks "
@@ -70,17 +79,19 @@ def patch(**options: Any) -> None:
         logger.warning(message)
         return
     sdk = DefaultRequestHandlerV2
-    replaced = {name: sdk.__dict__.get(name, _ABSENT) for name in ("__init__", *_METHODS)}
-    sdk_init = replaced["__init__"]
+    # Put once, and left by unpatch(): a handler built while patched needs ours for good.
+    for name in _METHODS:
+        if not isinstance(sdk.__dict__.get(name), _Dispatch):
+            setattr(
+                sdk, name, _Dispatch(DefaultRequestHandler.__dict__[name], sdk.__dict__.get(name, _ABSENT))
+            )
 
-    @functools.wraps(sdk_init)
+    @functools.wraps(_SDK_INIT)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 (the SDK class's, replaced)
         DefaultRequestHandler.__init__(self, *args, **{**options, **kwargs})
 
     sdk.__init__ = __init__  # type: ignore[method-assign]
-    for name in _METHODS:
-        setattr(sdk, name, _ours_if_built_so(DefaultRequestHandler.__dict__[name], replaced[name]))
-    _replaced = replaced
+    _options = options
     logger.info(
         "a2a_cancelfix patched a2a-sdk %s: every DefaultRequestHandlerV2 built from now on "
         "cancels as a2a_cancelfix.DefaultRequestHandler (%s)",
@@ -90,26 +101,48 @@ def patch(**options: Any) -> None:
 
 
 def unpatch() -> None:
-    """Give the SDK's class its own methods back; handlers built meanwhile keep ours."""
-    global _replaced
-    if _replaced is None:
+    """Give the SDK's class its own constructor back: a handler built from now on is the SDK's.
+
+    Handlers built while patched keep ours (their methods on the SDK's class stay ours for
+    them; for every other handler they are the SDK's own).
+    """
+    global _options
+    if _options is None:
         return
-    for name, method in _replaced.items():
-        if method is _ABSENT:
-            delattr(DefaultRequestHandlerV2, name)
-        else:
-            setattr(DefaultRequestHandlerV2, name, method)
-    _replaced = None
+    DefaultRequestHandlerV2.__init__ = _SDK_INIT  # type: ignore[method-assign]
+    _options = None
     logger.info("a2a_cancelfix unpatched a2a-sdk %s", _sdk.SDK_VERSION)
 
 
 def is_patched() -> bool:
     """Whether `patch()` is in force: a handler of the SDK's class built now is ours."""
-    return _replaced is not None
+    return _options is not None
+
+
+class _Dispatch:
+    """A method of the SDK's class once patched: ours for a handler our constructor built,
+    the SDK's own (or none, where the SDK has none) for any other.
+
+    Read on the class, it is a function that chooses so at each call: what wraps it (an
+    instrumentation replacing the class's method) keeps both.
+    """
+
+    def __init__(self, ours: Callable[..., Any], sdk: Any) -> None:
+        self.ours, self.sdk = ours, sdk
+        self._unbound = _ours_if_built_so(ours, sdk)
+
+    def __get__(self, handler: Any, owner: type | None = None) -> Any:
+        if handler is None:
+            return self._unbound
+        if "_lifecycle" in handler.__dict__:
+            return self.ours.__get__(handler, owner)
+        if self.sdk is _ABSENT:
+            raise AttributeError(f"{type(handler).__name__!r} object has no attribute {self.ours.__name__!r}")
+        return self.sdk.__get__(handler, owner)
 
 
 def _ours_if_built_so(ours: Callable[..., Any], sdk: Any) -> Callable[..., Any]:
-    """Our method for a handler our constructor built; the SDK's for one built before."""
+    """Our method for a handler our constructor built; the SDK's for one built otherwise."""
 
     @functools.wraps(ours)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -174,9 +174,8 @@ class FinalStateTaskStore(TaskStore):
         for noticed in self.on_final:
             noticed(task.id)
         _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
-        # The same state again is routine: a replica records a cancel another one stored.
         logger.log(
-            logging.DEBUG if stored == task.status.state else logging.WARNING,
+            _refusal_level(stored, task.status.state),
             "refused save task=%s stored=%s refused=%s: a terminal state is final",
             task.id,
             TaskState.Name(stored),
@@ -206,6 +205,16 @@ class FinalStateTaskStore(TaskStore):
     def delete(self, task_id: str, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
         """Delete the task from the wrapped store (a delete is not a save: it is not refused)."""
         return self.wrapped.delete(task_id, context)  # type: ignore[no-any-return]
+
+
+def _refusal_level(stored: int, refused: int) -> int:
+    """How loud a refused save is: a cancel that raced the run is how a cancel reaches another
+    replica, routine; something else saved over an ended task is worth a look."""
+    if stored == refused:
+        return logging.DEBUG  # A replica records a cancel another one stored.
+    if CANCELED in (stored, refused):
+        return logging.INFO
+    return logging.WARNING
 
 
 def guardable(store: Any) -> bool:

@@ -163,8 +163,12 @@ def test_proxy_is_transparent_and_wraps_once() -> None:
     assert wrapped.park is True and wrapped.cancel_mode == "empty"
     assert CancellableExecutor(wrapped) is wrapped
     assert "ScriptedExecutor" in repr(wrapped)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^grace_period"):
         CancellableExecutor(ScriptedExecutor(), grace_period=0)
+    with pytest.raises(ValueError, match=r"^grace_period must be .* not -1"):
+        CancellableExecutor(ScriptedExecutor(), grace_period=-1)  # Named as the caller named it.
+    with pytest.raises(TypeError, match=r"^grace_period"):
+        CancellableExecutor(ScriptedExecutor(), grace_period="5")  # type: ignore[arg-type]
 
 
 class RecordingQueue:

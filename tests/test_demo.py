@@ -65,3 +65,26 @@ async def test_a_cancel_through_the_demo_ends_canceled_and_is_logged(monkeypatch
         f"cancel task={task_id}" in r.getMessage() and "outcome=CANCELED" in r.getMessage()
         for r in caplog.records
     )
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1", "http"])
+def test_a_port_that_cannot_be_served_is_one_error_line_and_exit_2(port, monkeypatch, capsys) -> None:
+    """``demo --port 99999`` is refused as argparse refuses its arguments: one error line
+    naming the option, exit 2, and no server started (it printed the banner, then the
+    server's 80-line traceback)."""
+    from a2a_cancelfix.tools import cli
+
+    started = []
+    monkeypatch.setattr(demo, "run", lambda host, port: started.append(port) or 0)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["demo", "--port", port])
+    assert exited.value.code == 2 and started == []
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--port" in errors[0] and "65535" in errors[0]
+
+
+def test_a_port_in_range_is_served(monkeypatch) -> None:
+    from a2a_cancelfix.tools import cli
+
+    monkeypatch.setattr(demo, "run", lambda host, port: port)
+    assert cli.main(["demo", "--port", "65535"]) == 65535

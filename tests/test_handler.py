@@ -75,6 +75,19 @@ def test_takes_the_sdk_arguments_and_wraps_the_executor() -> None:
     assert again.agent_executor.__wrapped__ is executor  # Its own proxy of the executor inside.
 
 
+@pytest.mark.parametrize("given", [object(), ScriptedExecutor], ids=["object", "a-class"])
+def test_refuses_what_is_not_an_executor_at_construction(given: object) -> None:
+    """Something that is not an executor (or an executor's class, not one) is a TypeError
+    naming ``agent_executor`` when the handler is built; it was accepted, and every request
+    then failed with "The request failed: AttributeError". The SDK's own handler accepts it."""
+    server = make_server("stock", ScriptedExecutor())
+    with pytest.raises(TypeError, match="agent_executor"):
+        DefaultRequestHandler(given, server.store, server.handler._agent_card)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="executor"):
+        CancellableExecutor(given)  # type: ignore[arg-type]
+    DefaultRequestHandlerV2(given, server.store, server.handler._agent_card)  # type: ignore[arg-type]
+
+
 @pytest.mark.asyncio
 async def test_handlers_sharing_a_wrapped_executor_each_keep_their_grace_period() -> None:
     """One CancellableExecutor given to two handlers: a cancel through each is bounded by that

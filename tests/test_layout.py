@@ -140,8 +140,7 @@ ASSIGNED_ELSEWHERE = {
     ("lifecycle.py", "run.task_ended"),  # Work, by its RunQueue
     ("patching.py", "sdk.__init__"),
     ("patching.py", "setattr(sdk, ...)"),
-    ("patching.py", "setattr(DefaultRequestHandlerV2, ...)"),
-    ("patching.py", "delattr(DefaultRequestHandlerV2, ...)"),
+    ("patching.py", "DefaultRequestHandlerV2.__init__"),
     ("store.py", "VersionedFinalStateTaskStore.__qualname__"),  # the class it makes
     ("testing/_probe.py", "probe._in_enqueue"),  # Probe
     ("testing/servers.py", "server.calls"),  # Server

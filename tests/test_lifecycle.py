@@ -138,7 +138,9 @@ async def test_messages_are_validated_as_the_sdk_does(kind: str) -> None:
     handler = kind_of(agent_executor=ScriptedExecutor(), task_store=InMemoryTaskStore(), agent_card=card)
     with pytest.raises(UnsupportedOperationError, match="Streaming is not supported by the agent"):
         await within(_first(handler.on_message_send_stream(SendMessageRequest(message=message()), caller())))
-    for method in (DefaultRequestHandlerV2.on_message_send, DefaultRequestHandlerV2.on_message_send_stream):
+    for name in ("on_message_send", "on_message_send_stream"):
+        method = vars(DefaultRequestHandlerV2)[name]
+        method = getattr(method, "sdk", method)  # Once patched, the SDK's own is in patch()'s dispatch.
         untraced = _sdk.untraced(method)
         assert _sdk.unchecked(untraced) is untraced.__wrapped__
 

@@ -368,6 +368,44 @@ async def test_notices_are_named_in_one_argument_and_checked_against_the_store(t
         await client.aclose()
 
 
+@pytest.mark.parametrize(
+    ("kind", "arguments", "error", "named"),
+    [
+        ("postgres", {"channel": None}, TypeError, "channel"),
+        ("postgres", {"heartbeat": 0}, ValueError, "heartbeat"),
+        ("postgres", {"heartbeat": float("inf")}, ValueError, "heartbeat"),
+        ("postgres", {"heartbeat": "5"}, TypeError, "heartbeat"),
+        ("redis", {"channel": None}, TypeError, "channel"),
+        ("redis", {"channel": ""}, ValueError, "channel"),
+        ("redis", {"heartbeat": -1}, ValueError, "heartbeat"),
+        ("redis", {"heartbeat": None}, TypeError, "heartbeat"),
+    ],
+)
+def test_notices_refuse_bad_arguments_naming_them(
+    kind: str, arguments: dict, error: type, named: str
+) -> None:
+    """A channel or heartbeat outside its values is a TypeError or ValueError naming it, as
+    the handler's options are (``PostgresNotices(engine, None)`` raised AttributeError; a
+    heartbeat of 0 or "5" was taken, and every wait on the connection failed)."""
+    import redis.asyncio as redis
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from .test_store import PG_URL
+
+    given: Any = create_async_engine(PG_URL) if kind == "postgres" else redis.Redis.from_url(REDIS_URL)
+    notices = PostgresNotices if kind == "postgres" else RedisNotices
+    with pytest.raises(error, match=rf"^{named}\b"):
+        notices(given, **arguments)
+
+
+@pytest.mark.parametrize("notices", [PostgresNotices, RedisNotices])
+def test_notices_refuse_what_is_not_their_connection(notices: type) -> None:
+    """``None`` for the engine or the client is a TypeError naming it (it was an AttributeError,
+    or for Redis no error until the first cancel)."""
+    with pytest.raises(TypeError, match="engine" if notices is PostgresNotices else "client"):
+        notices(None)
+
+
 @pytest.mark.asyncio
 async def test_a_notice_redis_cannot_take_is_logged_and_the_cancel_stands(tmp_path: Path) -> None:
     """Redis is down when B records the cancel: B still answers CANCELED, as stored, and says

@@ -9,14 +9,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from a2a.server.request_handlers import DefaultRequestHandler as SDKHandler
 from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import SendMessageRequest, UnsupportedOperationError
 
 import a2a_cancelfix
 from a2a_cancelfix import FinalStateTaskStore, _sdk
-from a2a_cancelfix.testing import ScriptedExecutor, Server, _wire, cancel, make_server, message, start, within
+from a2a_cancelfix import handler as handler_module
+from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD
+from a2a_cancelfix.testing import (
+    ScriptedExecutor,
+    Server,
+    _wire,
+    cancel,
+    make_server,
+    message,
+    start,
+    stored,
+    within,
+)
 from a2a_cancelfix.testing.servers import GRACE, OverTheWire
 from a2a_cancelfix.tools.scenarios import SCENARIOS, UNWATCHED_AFTER, Scenario, run_scenario
 
@@ -101,17 +112,45 @@ async def test_a_handler_a_helper_module_builds_gets_ours(
 
 @pytest.mark.asyncio
 async def test_unpatch_restores_the_sdks_own_handler() -> None:
-    """After unpatch(), the SDK's class is its own again: its stream ends on WORKING."""
+    """After unpatch(), the SDK's class builds its own handlers again: their stream ends on
+    WORKING, and they have an ``aclose`` where the SDK's class has one (1.1.2 on)."""
+    init = DefaultRequestHandlerV2.__init__
     a2a_cancelfix.patch(cancel_grace_period=GRACE)
     a2a_cancelfix.unpatch()
-    assert all(
-        getattr(DefaultRequestHandlerV2, name) is getattr(SDKHandler, name)
-        for name in ("__init__", "on_cancel_task", "on_message_send_stream")
-    )
+    assert DefaultRequestHandlerV2.__init__ is init
     executor = ScriptedExecutor()
     handler = DefaultRequestHandlerV2(**arguments(executor, told=True))
     assert not hasattr(handler, "cancel_grace_period")
+    assert hasattr(handler, "aclose") == (handler_module._sdk_close is not None)
     assert await stream_after_cancel(served(handler, executor)) == "WORKING"
+
+
+@pytest.mark.asyncio
+async def test_handlers_built_under_patch_stay_ours_after_unpatch() -> None:
+    """Two handlers a framework built under patch(), then unpatch(): they keep our behaviour
+    and options. The owner's cancel answers CANCELED, the store keeps it, a second cancel
+    returns it (``on_canceled="return"``); a stranger's cancel is TaskNotFound and leaves the
+    owner's run running. (The SDK's methods, put back under them, answered WORKING and kept it
+    up to 1.1.3 and let the stranger's cancel stop the run; a second cancel raised
+    TaskNotCancelable on every release.)"""
+    owners, strangers = ScriptedExecutor(), ScriptedExecutor()
+    a2a_cancelfix.patch(cancel_grace_period=GRACE, on_canceled="return")
+    try:
+        first = served(DefaultRequestHandlerV2(**arguments(owners, told=True)), owners)
+        second = served(DefaultRequestHandlerV2(**arguments(strangers, told=True)), strangers)
+    finally:
+        a2a_cancelfix.unpatch()
+    stream = await start(first)
+    await start(second)
+    assert await within(cancel(first, owners.task_id or "")) == "CANCELED"
+    assert await within(stored(first, owners.task_id or "")) == "CANCELED"
+    assert await within(stream.ended()) and stream.last == "CANCELED"
+    assert await within(cancel(first, owners.task_id or "")) == "CANCELED"
+    assert await within(cancel(second, strangers.task_id or "", owner="mallory")) == "TaskNotFound"
+    assert not strangers.stopped.is_set() and not strangers.cancel_called.is_set()
+    strangers.step.open()
+    assert await within(strangers.completed.wait())
+    assert await within(stored(second, strangers.task_id or "")) == "COMPLETED"
 
 
 @pytest.mark.asyncio
@@ -127,21 +166,42 @@ async def test_a_handler_built_before_patch_keeps_the_sdks_behaviour() -> None:
 
 
 def test_patch_is_idempotent_checks_its_options_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
-    """Twice is once, logged once with the SDK's release; bad options fail at the call; unpatch twice is fine."""
+    """Twice with the same options is once, logged once with the SDK's release; bad options fail
+    at the call; unpatch twice is fine."""
+    sdk_init = DefaultRequestHandlerV2.__init__
     with pytest.raises(ValueError, match="cancel_grace_period"):
         a2a_cancelfix.patch(cancel_grace_period=0)
     with pytest.raises(TypeError, match="grace"):
         a2a_cancelfix.patch(grace=1.0)
-    assert DefaultRequestHandlerV2.__init__ is SDKHandler.__init__
+    assert DefaultRequestHandlerV2.__init__ is sdk_init
     with caplog.at_level(logging.INFO, logger="a2a_cancelfix"):
         a2a_cancelfix.patch()
         init = DefaultRequestHandlerV2.__init__
         a2a_cancelfix.patch()
+        a2a_cancelfix.patch(cancel_grace_period=DEFAULT_GRACE_PERIOD)  # The same options, spelt out.
         assert DefaultRequestHandlerV2.__init__ is init
         a2a_cancelfix.unpatch()
         a2a_cancelfix.unpatch()
     patched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("a2a_cancelfix patched")]
     assert len(patched) == 1 and _sdk.SDK_VERSION in patched[0]
+
+
+def test_patch_with_other_options_while_patched_is_refused() -> None:
+    """A second patch() with other options raises, naming both, and changes nothing: it was
+    ignored, so a handler built after it silently had the first call's options."""
+    a2a_cancelfix.patch()
+    try:
+        with pytest.raises(RuntimeError, match=r"unpatch\(\).*cancel_grace_period"):
+            a2a_cancelfix.patch(cancel_grace_period=2.0)
+        handler = DefaultRequestHandlerV2(**arguments(ScriptedExecutor()))
+        assert handler.cancel_grace_period == DEFAULT_GRACE_PERIOD
+    finally:
+        a2a_cancelfix.unpatch()
+    a2a_cancelfix.patch(cancel_grace_period=2.0)  # After unpatch(), as the error says.
+    try:
+        assert DefaultRequestHandlerV2(**arguments(ScriptedExecutor())).cancel_grace_period == 2.0
+    finally:
+        a2a_cancelfix.unpatch()
 
 
 def test_an_unknown_sdk_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,12 +7,15 @@ tests/test_replica_servers.py do the same with real server processes on SQLite a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
+from pathlib import Path
 
 import pytest
 from a2a.server.agent_execution import RequestContext
-from a2a.server.tasks import InMemoryTaskStore
-from a2a.types import SendMessageRequest, TaskState
+from a2a.server.events import EventQueue
+from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
+from a2a.types import Artifact, Part, SendMessageRequest, TaskArtifactUpdateEvent, TaskState
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, checkpoint
 from a2a_cancelfix.testing import (
@@ -31,6 +34,7 @@ from a2a_cancelfix.testing import (
 from a2a_cancelfix.testing.waits import eventually
 
 from .support import CompletionHeld
+from .test_store import open_database
 
 SLICE = 0.001
 """Seconds of work between two checkpoints."""
@@ -101,6 +105,51 @@ async def test_a_run_cannot_complete_a_task_another_replica_cancelled() -> None:
     assert not a.executor.completed.is_set()
     assert await within(stream.ended()) and stream.last == "CANCELED"
     assert await stored(a, task_id) == "CANCELED"
+
+
+class Answering(ScriptedExecutor):
+    """Streams a part of its answer once its step is let through."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.context, self.queue = context, event_queue
+        await super().execute(context, event_queue)
+
+    async def _work_step(self) -> None:
+        await self.step()
+        await self.queue.enqueue_event(
+            TaskArtifactUpdateEvent(
+                task_id=self.context.task_id or "",
+                context_id=self.context.context_id or "",
+                artifact=Artifact(artifact_id="answer", parts=[Part(text="part")]),
+            )
+        )
+
+
+@pytest.mark.asyncio
+async def test_an_ordinary_cancel_from_another_replica_logs_no_warning(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """Replicas over one database (SQLite). B records CANCELED; A's run, which has not looked
+    at the store since (its poll an hour off), saves a part of its answer over it, the store
+    refuses it, and A cancels the run. That is how a cancel reaches another replica: the
+    refusal is logged at INFO, not as a WARNING (which is for what needs someone to look)."""
+    async with open_database("sqlite", tmp_path) as database:
+        stores = [DatabaseTaskStore(database.engine()) for _ in range(2)]
+        await stores[0].initialize()
+        a = make_server("ours", Answering(), store=stores[0], replica_poll_interval=3600)
+        b = make_server("ours", ScriptedExecutor(), store=stores[1], replica_poll_interval=3600)
+        with caplog.at_level(logging.DEBUG, logger="a2a_cancelfix"):
+            stream = await start(a)
+            task_id = a.executor.task_id or ""
+            assert await within(cancel(b, task_id)) == "CANCELED"
+            a.executor.step.open()  # A's part of the answer is saved over B's CANCELED.
+            await within(a.executor.stopped.wait())
+            assert await within(stream.ended()) and stream.last == "CANCELED"
+        for server in (a, b):
+            await within(server.handler.aclose())
+    ours = [record for record in caplog.records if record.name == "a2a_cancelfix"]
+    assert any("stored=TASK_STATE_CANCELED refused=TASK_STATE_WORKING" in r.getMessage() for r in ours)
+    assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.asyncio

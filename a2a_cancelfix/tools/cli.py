@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo = commands.add_parser("demo", help="serve a demo A2A agent to cancel by hand")
     demo.add_argument("--host", default="127.0.0.1")
-    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--port", type=_port, default=8000)
     sweep = commands.add_parser(
         "sweep", help="cancel your executor at each of its cancel points; exit 0 if every row holds"
     )
@@ -82,6 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = report.run_all()
     print(report.as_json(rows) if arguments.json else report.render(rows))
     return report.exit_status(rows, fail_when_removable=arguments.fail_when_removable)
+
+
+def _port(text: str) -> int:
+    """A TCP port to serve on: refused here, as argparse refuses, not by the server's traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {text!r}")
+    return port
 
 
 def _repro(name: str) -> int:
