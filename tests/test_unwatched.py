@@ -17,7 +17,13 @@ from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
-from a2a.types import GetTaskRequest, SendMessageConfiguration, SendMessageRequest, TaskState
+from a2a.types import (
+    GetTaskRequest,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    TaskNotFoundError,
+    TaskState,
+)
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, cancellable, on_cancel
 from a2a_cancelfix.lifecycle import Settings
@@ -39,6 +45,7 @@ class ModelAgent(AgentExecutor):
     def __init__(self) -> None:
         self.calls = 0
         self.calls_at_cancel: int | None = None
+        self.cancelled_at = 0.0  # The loop's time as the cancel began (its callbacks fire first).
         self.busy = asyncio.Event()  # Three calls made.
         self.finish = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -55,6 +62,7 @@ class ModelAgent(AgentExecutor):
 
     def cancelled(self) -> None:
         self.calls_at_cancel = self.calls
+        self.cancelled_at = asyncio.get_running_loop().time()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         self.task_id = context.task_id or ""
@@ -105,7 +113,7 @@ async def assert_canceled_unwatched(server: Server, left_at: float, after: float
     """CANCELED, no sooner than the interval after the client left, the work stopped at once."""
     executor = agent(server)
     await within(executor.cancel_called.wait(), 2 * after + 2.0)
-    assert asyncio.get_running_loop().time() - left_at >= after
+    assert executor.cancelled_at - left_at >= after
     await within(executor.stopped.wait())
     assert executor.calls == executor.calls_at_cancel  # Not one model call after the cancel.
 
@@ -197,6 +205,43 @@ async def test_a_non_blocking_sender_leaves_at_once() -> None:
     left_at = asyncio.get_running_loop().time()
     await within(a.handler.on_message_send(request, caller()))
     await within(agent(a).busy.wait())
+    await assert_canceled_unwatched(a, left_at)
+
+
+async def strangers_messages(server: Server, executor: ModelAgent) -> float:
+    """Another user sends messages naming ``executor``'s task, a blocking one and a streamed
+    one in turn, each an eighth of the interval after the last, until the task's cancel
+    begins; each is refused as naming an unknown task. The loop's time of the last one."""
+
+    async def streamed(request: SendMessageRequest) -> None:
+        async for _ in server.handler.on_message_send_stream(request, caller("mallory")):
+            pass
+
+    sent, last = 0, 0.0
+    while not await set_within(executor.cancel_called, AFTER / 8):
+        request = SendMessageRequest(message=message("mine now", executor.task_id))
+        last = asyncio.get_running_loop().time()
+        with pytest.raises(TaskNotFoundError):
+            if sent % 2:
+                await within(server.handler.on_message_send(request, caller("mallory")))
+            else:
+                await within(streamed(request))
+        sent += 1
+    return last
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("replica", ["same", "other"])
+async def test_a_strangers_messages_do_not_keep_the_task(replica: str) -> None:
+    """Alice's stream closes; Mallory keeps sending messages naming her task, to the replica
+    that runs it or to another one (sharing its InMemoryTaskStore). Each is refused as naming
+    an unknown task, and counts as no observer: the task is cancelled on time."""
+    store = InMemoryTaskStore()
+    a = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(store))
+    b = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(store))
+    left_at = await leave(await streamed(a))
+    last = await within(strangers_messages(a if replica == "same" else b, agent(a)), 2 * AFTER + 2.0)
+    assert last - left_at >= AFTER / 2  # Mallory sent all along the interval.
     await assert_canceled_unwatched(a, left_at)
 
 
