@@ -15,6 +15,7 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
     InternalError,
     Message,
@@ -55,6 +56,9 @@ _sdk_subscribe: Callable[
 _sdk_get: Callable[[DefaultRequestHandlerV2, GetTaskRequest, ServerCallContext], Awaitable[Task | None]] = (
     _sdk.untraced(DefaultRequestHandlerV2.on_get_task)
 )
+_sdk_delete_config: Callable[
+    [DefaultRequestHandlerV2, DeleteTaskPushNotificationConfigRequest, ServerCallContext], Awaitable[None]
+] = _sdk.untraced(DefaultRequestHandlerV2.on_delete_task_push_notification_config)
 
 
 class DefaultRequestHandler(DefaultRequestHandlerV2):
@@ -173,6 +177,17 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if watchers is not None and task is not None:
             watchers.touch(task.id)
         return task
+
+    @_telemetry.traced_as_sdk
+    async def on_delete_task_push_notification_config(
+        self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> None:
+        """Delete a push config, as the SDK does; the task's unwatched clock starts then (the
+        config may have been its last observer; see ``cancel_unwatched_after``)."""
+        await _sdk_delete_config(self, params, context)
+        watchers = self._lifecycle.watchers
+        if watchers is not None:
+            watchers.touch(params.task_id)
 
     async def aclose(self) -> None:
         """Stop hearing notices and the store's refusals, then close the runs held here, as the

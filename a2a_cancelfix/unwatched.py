@@ -3,7 +3,8 @@
 Behind the handler's ``cancel_unwatched_after``. An observer is an open stream (the sender's or a
 ``SubscribeToTask``) or a blocking sender; each is counted as it opens and as it closes, never per
 event. A task that runs here (or is parked here, with ``cancel_unwatched_parked``) and has no
-observer starts a clock; an observer, a follow-up message or a GetTask stops it. When it runs out,
+observer starts a clock; an observer stops it, a GetTask or the deletion of a push config starts
+it again. When it runs out,
 and the task has no push config and no other replica watches it either, the task is cancelled
 through the lifecycle, as a client's cancel is (`Lifecycle.unwatched`).
 
@@ -147,7 +148,8 @@ class Watchers:
             del self._senders[observer.message_id]
 
     def touch(self, task_id: str) -> None:
-        """The task's owner read it (GetTask): its clock starts again."""
+        """The task's owner read it (GetTask) or deleted a push config of it: its clock
+        starts again."""
         if task_id in self._here:
             if task_id not in self._open:
                 self._start_clock(task_id)

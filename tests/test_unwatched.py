@@ -18,6 +18,7 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import (
+    DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
     SendMessageConfiguration,
     SendMessageRequest,
@@ -182,18 +183,39 @@ async def test_get_task_starts_the_clock_again() -> None:
     await assert_canceled_unwatched(a, left_at)
 
 
-@pytest.mark.asyncio
-async def test_a_push_config_watches_the_task() -> None:
-    """A task with a push config is watched by its webhook: not cancelled."""
-    a = server(cancel_unwatched_after=AFTER)
+async def streamed_with_push(server: Server) -> Stream:
+    """`streamed`, with a push config ("a") set by the message."""
     configuration = SendMessageConfiguration()
     configuration.task_push_notification_config.url = "http://push.invalid/a"
     configuration.task_push_notification_config.id = "a"
     request = SendMessageRequest(message=message(), configuration=configuration)
-    stream = Stream(a.handler.on_message_send_stream(request, caller()))
-    await within(agent(a).busy.wait())
-    await leave(stream)
+    stream = Stream(server.handler.on_message_send_stream(request, caller()))
+    await within(agent(server).busy.wait())
+    return stream
+
+
+@pytest.mark.asyncio
+async def test_a_push_config_watches_the_task() -> None:
+    """A task with a push config is watched by its webhook: not cancelled."""
+    a = server(cancel_unwatched_after=AFTER)
+    await leave(await streamed_with_push(a))
     await assert_still_working(a)
+
+
+@pytest.mark.asyncio
+async def test_deleting_the_last_push_config_starts_the_clock() -> None:
+    """The stream closed, the push config kept the task for three intervals; its owner deletes
+    the config: the task is cancelled, no sooner than the interval after the deletion (the
+    clock the stream's close started, which kept running out and starting again while the
+    config was there, is not the one that counts)."""
+    a = server(cancel_unwatched_after=AFTER)
+    await leave(await streamed_with_push(a))
+    # Not read (a GetTask starts the clock); deleted half-way through one of its intervals.
+    assert not await set_within(agent(a).cancel_called, QUIET + AFTER / 2)
+    deleted_at = asyncio.get_running_loop().time()
+    request = DeleteTaskPushNotificationConfigRequest(task_id=agent(a).task_id, id="a")
+    await within(a.handler.on_delete_task_push_notification_config(request, caller()))
+    await assert_canceled_unwatched(a, deleted_at)
 
 
 @pytest.mark.asyncio
