@@ -12,7 +12,8 @@ Other replicas: each one announces the tasks it watches and does not run (on the
 or straight to the handlers sharing an ``InMemoryTaskStore`` in this process) as an observer opens
 and every quarter of the interval while it stays open; a task announced counts as watched for half
 the interval after. A replica that cannot hear the others (a store shared without notices, or
-notices not heard right now) cancels nothing as unwatched.
+notices not heard right now) cancels nothing as unwatched; once it hears them again, nothing
+before the interval is over.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Hearing(Protocol):
 
     notices: CancelNotices | None
     hearing: bool
+    heard_since: float  # The loop's time when the notices were last heard again.
 
 
 class Cancelling(Protocol):
@@ -233,7 +235,10 @@ class Watchers:
         if since is None or task_id in self._open or task_id not in self._here:
             return
         now = asyncio.get_running_loop().time()
-        due = max(since, self._elsewhere.get(task_id, since)) + self.after
+        # What the others told while this replica did not hear them is lost: its tasks count as
+        # watched until it hears again, and so are given a whole interval of announcements.
+        heard = since if self._peers is not None else self._remote.heard_since
+        due = max(since, self._elsewhere.get(task_id, since), heard) + self.after
         if now < due:
             self._arm(task_id, due)
         elif not self._hears_others():

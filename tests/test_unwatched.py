@@ -8,7 +8,9 @@ that went on after the cancel shows as calls. "Not cancelled" is checked for thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from a2a.types import (
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, cancellable, on_cancel
 from a2a_cancelfix.lifecycle import Settings
+from a2a_cancelfix.notices import CancelNotices
 from a2a_cancelfix.testing import Gate, Stream, caller, make_server, message, stored, within
 from a2a_cancelfix.testing.servers import Server
 from a2a_cancelfix.testing.waits import eventually
@@ -356,6 +359,108 @@ async def test_without_notices_a_shared_store_cancels_nothing(
 
         await eventually(closed)  # Closed before the database.
         await within(a.handler.aclose())
+
+
+class InProcessNotices(CancelNotices):
+    """Notices between the replicas of this process, whose hearing a test cuts and slows.
+
+    Args:
+        everyone: every replica's notices; these join them.
+    """
+
+    def __init__(self, everyone: list[InProcessNotices]) -> None:
+        super().__init__()
+        self.everyone = everyone
+        everyone.append(self)
+        self.arriving = asyncio.Event()  # Cleared, what is told here waits until it is set.
+        self.arriving.set()
+        self._heard: asyncio.Queue[str | BaseException] | None = None  # While listening.
+
+    async def _send(self, notice: str) -> None:
+        for notices in self.everyone:
+            if notices is not self and notices._heard is not None:
+                notices._heard.put_nowait(notice)
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        heard = self._heard = asyncio.Queue()
+        try:
+            yield self._ids(heard)
+        finally:
+            if self._heard is heard:
+                self._heard = None
+
+    async def _ids(self, heard: asyncio.Queue[str | BaseException]) -> AsyncIterator[str | None]:
+        yield None
+        while True:
+            item = await heard.get()
+            if isinstance(item, BaseException):
+                raise item
+            await self.arriving.wait()
+            yield item
+
+    def cut(self) -> None:
+        """The listening connection is lost: what is told until the next one is lost too."""
+        assert self._heard is not None
+        self._heard.put_nowait(ConnectionError("cut"))
+        self._heard = None
+
+
+@pytest.mark.asyncio
+async def test_a_replica_hearing_again_waits_an_interval_before_judging(tmp_path: Path) -> None:
+    """Replicas A and B share a SQL store, with notices; a subscriber on B watches A's task
+    all along. A stops hearing the notices for three intervals (B's announcements meanwhile are
+    lost): nothing is cancelled. A hears them again, but B's announcements take half an interval
+    to come: still nothing (A does not take what it missed for nobody watching). Once the
+    subscriber leaves, A cancels the task, no sooner than the interval after."""
+    from a2a.server.tasks import DatabaseTaskStore
+
+    from .test_notices import HOUR, Listening
+    from .test_store import open_database
+
+    async with open_database("sqlite", tmp_path) as database:
+        everyone: list[InProcessNotices] = []
+        a_notices, b_notices = InProcessNotices(everyone), InProcessNotices(everyone)
+        listening = Listening(a_notices)
+        a, b = (
+            server(
+                cancel_unwatched_after=AFTER,
+                replica_poll_interval=HOUR,
+                store=FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices),
+            )
+            for notices in (a_notices, b_notices)
+        )
+        executor = agent(a)
+        try:
+            stream = await streamed(a)
+            await within(listening.heard())
+            subscriber = Stream(b.calls.subscribe(executor.task_id, "alice"))
+            await within(subscriber.until(lambda: bool(subscriber.events)))
+            await leave(stream)
+            listening.hold()
+            a_notices.cut()
+            await listening.retrying()
+            assert not await set_within(executor.cancel_called, QUIET)  # Deaf: nothing is judged.
+            a_notices.arriving.clear()
+            listening.reconnect.open()
+            await within(listening.heard(2))
+            assert not await set_within(executor.cancel_called, AFTER / 2)
+            a_notices.arriving.set()
+            assert not await set_within(executor.cancel_called, QUIET)
+            left_at = await leave(subscriber)
+            await assert_canceled_unwatched(a, left_at)
+        finally:
+            listening.reconnect.open()
+            a_notices.arriving.set()
+            executor.finish.set()
+            await within(executor.stopped.wait())
+
+            async def closed() -> bool:
+                return not await _sdk.has_run(a.handler, executor.task_id)
+
+            await eventually(closed)  # Closed before the database.
+            for replica in (a, b):
+                await within(replica.handler.aclose())
 
 
 def test_the_options_are_checked() -> None:
