@@ -15,6 +15,7 @@ from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
     InternalError,
     Message,
@@ -36,6 +37,7 @@ from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Set
 from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
+from a2a_cancelfix.unwatched import Observer
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -54,6 +56,9 @@ _sdk_subscribe: Callable[
 _sdk_get: Callable[[DefaultRequestHandlerV2, GetTaskRequest, ServerCallContext], Awaitable[Task | None]] = (
     _sdk.untraced(DefaultRequestHandlerV2.on_get_task)
 )
+_sdk_delete_config: Callable[
+    [DefaultRequestHandlerV2, DeleteTaskPushNotificationConfigRequest, ServerCallContext], Awaitable[None]
+] = _sdk.untraced(DefaultRequestHandlerV2.on_delete_task_push_notification_config)
 
 
 class DefaultRequestHandler(DefaultRequestHandlerV2):
@@ -175,6 +180,17 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             watchers.touch(task.id)
         return task
 
+    @_telemetry.traced_as_sdk
+    async def on_delete_task_push_notification_config(
+        self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> None:
+        """Delete a push config, as the SDK does; the task's unwatched clock starts then (the
+        config may have been its last observer; see ``cancel_unwatched_after``)."""
+        await _sdk_delete_config(self, params, context)
+        watchers = self._lifecycle.watchers
+        if watchers is not None:
+            watchers.touch(params.task_id)
+
     async def aclose(self) -> None:
         """Stop hearing notices and the store's refusals, then close the runs held here, as the
         SDK's own ``aclose`` does from a2a-sdk 1.1.2 (on 1.0.x, with the SDK's parts)."""
@@ -192,12 +208,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
-        # A blocking sender watches its task until it has its answer.
-        observer = (
-            None if watchers is None else watchers.open(params.message.task_id, params.message.message_id)
-        )
+        # A blocking sender watches its task until it has its answer; a follow-up's, once the
+        # task is known to be the caller's: a stranger's message must not keep it alive.
+        observer: Observer | None = None
         try:
             if not params.message.task_id:
+                if watchers is not None:
+                    observer = watchers.open("", params.message.message_id)
                 try:
                     result = await _sdk_send(self, params, context)
                 except A2AError:
@@ -208,7 +225,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 if refused and isinstance(result, Task) and result.id in refused:
                     return await self._remote.as_stored(result, context)
                 return result
-            await _refuse_if_ended(self._lifecycle, params, context)
+            if await _refuse_if_ended(self._lifecycle, params, context) and watchers is not None:
+                observer = watchers.open(params.message.task_id)
             lifecycle, message_id = self._lifecycle, params.message.message_id
             lifecycle.follow_up_accepted(message_id)
             try:
@@ -244,15 +262,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         watchers, follow_up = lifecycle.watchers, bool(message.task_id)
         # Read only where it is used: each read of a protobuf field builds a Python object.
         message_id = message.message_id if follow_up or watchers is not None else ""
-        observer = None if watchers is None else watchers.open(message.task_id, message_id)
+        owned = True  # A stranger's message must not keep the task alive: not an observer.
         if follow_up:
-            try:
-                await _refuse_if_ended(self._lifecycle, params, context)
-            except BaseException:
-                if watchers is not None and observer is not None:
-                    watchers.close(observer)
-                raise
+            owned = await _refuse_if_ended(self._lifecycle, params, context)
             lifecycle.follow_up_accepted(message_id)
+        observer = None if watchers is None or not owned else watchers.open(message.task_id, message_id)
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
@@ -374,8 +388,9 @@ async def _end_being_recorded(
 
 async def _refuse_if_ended(
     lifecycle: Lifecycle, params: SendMessageRequest, context: ServerCallContext
-) -> None:
-    """Refuse a message to a task being canceled or already terminal, as the spec says.
+) -> bool:
+    """Refuse a message to a task being canceled or already terminal, as the spec says; else
+    whether the task is the caller's (only then does its sender watch it).
 
     Checked before the SDK sees the message: for a terminal task it would set up a run whose
     queues it never closes (1.0.0-1.3.0 leak two asyncio tasks per such message). Read first,
@@ -384,9 +399,10 @@ async def _refuse_if_ended(
     task_id = params.message.task_id
     task = await lifecycle.read(task_id, context)
     if task is None:
-        return  # The SDK answers TaskNotFoundError its own way.
+        return False  # The SDK answers TaskNotFoundError its own way.
     if task_id in lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
         raise _ended(params)
+    return True
 
 
 async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:

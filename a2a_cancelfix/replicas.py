@@ -85,6 +85,8 @@ class RemoteCancels:
         interval: seconds between two looks of a run, now: ``poll``, or ``math.inf`` while
             notices are heard.
         hearing: whether the store's notices are heard now.
+        heard_since: the loop's time when they were last heard again (listening began anew):
+            what the other replicas told before is unknown here.
 
     Args:
         lifecycle: the handler's lifecycle, whose runs and parked tasks are watched.
@@ -105,6 +107,7 @@ class RemoteCancels:
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
         self.watching = self.hearing = False
+        self.heard_since = -math.inf
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
         self.notices = None if self._guarded is None else self._guarded.notices
@@ -237,6 +240,7 @@ class RemoteCancels:
     def _heard(self) -> None:
         """Listening (again): stop polling, and look once at every task here, in case."""
         self.hearing = True
+        self.heard_since = asyncio.get_running_loop().time()
         self._poll_every(math.inf)
         lifecycle = self.lifecycle
         for work in list(lifecycle.works.values()):

@@ -3,7 +3,8 @@
 Behind the handler's ``cancel_unwatched_after``. An observer is an open stream (the sender's or a
 ``SubscribeToTask``) or a blocking sender; each is counted as it opens and as it closes, never per
 event. A task that runs here (or is parked here, with ``cancel_unwatched_parked``) and has no
-observer starts a clock; an observer, a follow-up message or a GetTask stops it. When it runs out,
+observer starts a clock; an observer stops it, a GetTask or the deletion of a push config starts
+it again. When it runs out,
 and the task has no push config and no other replica watches it either, the task is cancelled
 through the lifecycle, as a client's cancel is (`Lifecycle.unwatched`).
 
@@ -11,7 +12,8 @@ Other replicas: each one announces the tasks it watches and does not run (on the
 or straight to the handlers sharing an ``InMemoryTaskStore`` in this process) as an observer opens
 and every quarter of the interval while it stays open; a task announced counts as watched for half
 the interval after. A replica that cannot hear the others (a store shared without notices, or
-notices not heard right now) cancels nothing as unwatched.
+notices not heard right now) cancels nothing as unwatched; once it hears them again, nothing
+before the interval is over.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Hearing(Protocol):
 
     notices: CancelNotices | None
     hearing: bool
+    heard_since: float  # The loop's time when the notices were last heard again.
 
 
 class Cancelling(Protocol):
@@ -147,7 +150,8 @@ class Watchers:
             del self._senders[observer.message_id]
 
     def touch(self, task_id: str) -> None:
-        """The task's owner read it (GetTask): its clock starts again."""
+        """The task's owner read it (GetTask) or deleted a push config of it: its clock
+        starts again."""
         if task_id in self._here:
             if task_id not in self._open:
                 self._start_clock(task_id)
@@ -231,7 +235,10 @@ class Watchers:
         if since is None or task_id in self._open or task_id not in self._here:
             return
         now = asyncio.get_running_loop().time()
-        due = max(since, self._elsewhere.get(task_id, since)) + self.after
+        # What the others told while this replica did not hear them is lost: its tasks count as
+        # watched until it hears again, and so are given a whole interval of announcements.
+        heard = since if self._peers is not None else self._remote.heard_since
+        due = max(since, self._elsewhere.get(task_id, since), heard) + self.after
         if now < due:
             self._arm(task_id, due)
         elif not self._hears_others():

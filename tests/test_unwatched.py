@@ -8,7 +8,9 @@ that went on after the cancel shows as calls. "Not cancelled" is checked for thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,18 @@ from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
-from a2a.types import GetTaskRequest, SendMessageConfiguration, SendMessageRequest, TaskState
+from a2a.types import (
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    TaskNotFoundError,
+    TaskState,
+)
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, cancellable, on_cancel
 from a2a_cancelfix.lifecycle import Settings
+from a2a_cancelfix.notices import CancelNotices
 from a2a_cancelfix.testing import Gate, Stream, caller, make_server, message, stored, within
 from a2a_cancelfix.testing.servers import Server
 from a2a_cancelfix.testing.waits import eventually
@@ -39,6 +49,7 @@ class ModelAgent(AgentExecutor):
     def __init__(self) -> None:
         self.calls = 0
         self.calls_at_cancel: int | None = None
+        self.cancelled_at = 0.0  # The loop's time as the cancel began (its callbacks fire first).
         self.busy = asyncio.Event()  # Three calls made.
         self.finish = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -55,6 +66,7 @@ class ModelAgent(AgentExecutor):
 
     def cancelled(self) -> None:
         self.calls_at_cancel = self.calls
+        self.cancelled_at = asyncio.get_running_loop().time()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         self.task_id = context.task_id or ""
@@ -105,7 +117,7 @@ async def assert_canceled_unwatched(server: Server, left_at: float, after: float
     """CANCELED, no sooner than the interval after the client left, the work stopped at once."""
     executor = agent(server)
     await within(executor.cancel_called.wait(), 2 * after + 2.0)
-    assert asyncio.get_running_loop().time() - left_at >= after
+    assert executor.cancelled_at - left_at >= after
     await within(executor.stopped.wait())
     assert executor.calls == executor.calls_at_cancel  # Not one model call after the cancel.
 
@@ -174,18 +186,39 @@ async def test_get_task_starts_the_clock_again() -> None:
     await assert_canceled_unwatched(a, left_at)
 
 
-@pytest.mark.asyncio
-async def test_a_push_config_watches_the_task() -> None:
-    """A task with a push config is watched by its webhook: not cancelled."""
-    a = server(cancel_unwatched_after=AFTER)
+async def streamed_with_push(server: Server) -> Stream:
+    """`streamed`, with a push config ("a") set by the message."""
     configuration = SendMessageConfiguration()
     configuration.task_push_notification_config.url = "http://push.invalid/a"
     configuration.task_push_notification_config.id = "a"
     request = SendMessageRequest(message=message(), configuration=configuration)
-    stream = Stream(a.handler.on_message_send_stream(request, caller()))
-    await within(agent(a).busy.wait())
-    await leave(stream)
+    stream = Stream(server.handler.on_message_send_stream(request, caller()))
+    await within(agent(server).busy.wait())
+    return stream
+
+
+@pytest.mark.asyncio
+async def test_a_push_config_watches_the_task() -> None:
+    """A task with a push config is watched by its webhook: not cancelled."""
+    a = server(cancel_unwatched_after=AFTER)
+    await leave(await streamed_with_push(a))
     await assert_still_working(a)
+
+
+@pytest.mark.asyncio
+async def test_deleting_the_last_push_config_starts_the_clock() -> None:
+    """The stream closed, the push config kept the task for three intervals; its owner deletes
+    the config: the task is cancelled, no sooner than the interval after the deletion (the
+    clock the stream's close started, which kept running out and starting again while the
+    config was there, is not the one that counts)."""
+    a = server(cancel_unwatched_after=AFTER)
+    await leave(await streamed_with_push(a))
+    # Not read (a GetTask starts the clock); deleted half-way through one of its intervals.
+    assert not await set_within(agent(a).cancel_called, QUIET + AFTER / 2)
+    deleted_at = asyncio.get_running_loop().time()
+    request = DeleteTaskPushNotificationConfigRequest(task_id=agent(a).task_id, id="a")
+    await within(a.handler.on_delete_task_push_notification_config(request, caller()))
+    await assert_canceled_unwatched(a, deleted_at)
 
 
 @pytest.mark.asyncio
@@ -197,6 +230,43 @@ async def test_a_non_blocking_sender_leaves_at_once() -> None:
     left_at = asyncio.get_running_loop().time()
     await within(a.handler.on_message_send(request, caller()))
     await within(agent(a).busy.wait())
+    await assert_canceled_unwatched(a, left_at)
+
+
+async def strangers_messages(server: Server, executor: ModelAgent) -> float:
+    """Another user sends messages naming ``executor``'s task, a blocking one and a streamed
+    one in turn, each an eighth of the interval after the last, until the task's cancel
+    begins; each is refused as naming an unknown task. The loop's time of the last one."""
+
+    async def streamed(request: SendMessageRequest) -> None:
+        async for _ in server.handler.on_message_send_stream(request, caller("mallory")):
+            pass
+
+    sent, last = 0, 0.0
+    while not await set_within(executor.cancel_called, AFTER / 8):
+        request = SendMessageRequest(message=message("mine now", executor.task_id))
+        last = asyncio.get_running_loop().time()
+        with pytest.raises(TaskNotFoundError):
+            if sent % 2:
+                await within(server.handler.on_message_send(request, caller("mallory")))
+            else:
+                await within(streamed(request))
+        sent += 1
+    return last
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("replica", ["same", "other"])
+async def test_a_strangers_messages_do_not_keep_the_task(replica: str) -> None:
+    """Alice's stream closes; Mallory keeps sending messages naming her task, to the replica
+    that runs it or to another one (sharing its InMemoryTaskStore). Each is refused as naming
+    an unknown task, and counts as no observer: the task is cancelled on time."""
+    store = InMemoryTaskStore()
+    a = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(store))
+    b = server(cancel_unwatched_after=AFTER, store=FinalStateTaskStore(store))
+    left_at = await leave(await streamed(a))
+    last = await within(strangers_messages(a if replica == "same" else b, agent(a)), 2 * AFTER + 2.0)
+    assert last - left_at >= AFTER / 2  # Mallory sent all along the interval.
     await assert_canceled_unwatched(a, left_at)
 
 
@@ -289,6 +359,108 @@ async def test_without_notices_a_shared_store_cancels_nothing(
 
         await eventually(closed)  # Closed before the database.
         await within(a.handler.aclose())
+
+
+class InProcessNotices(CancelNotices):
+    """Notices between the replicas of this process, whose hearing a test cuts and slows.
+
+    Args:
+        everyone: every replica's notices; these join them.
+    """
+
+    def __init__(self, everyone: list[InProcessNotices]) -> None:
+        super().__init__()
+        self.everyone = everyone
+        everyone.append(self)
+        self.arriving = asyncio.Event()  # Cleared, what is told here waits until it is set.
+        self.arriving.set()
+        self._heard: asyncio.Queue[str | BaseException] | None = None  # While listening.
+
+    async def _send(self, notice: str) -> None:
+        for notices in self.everyone:
+            if notices is not self and notices._heard is not None:
+                notices._heard.put_nowait(notice)
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        heard = self._heard = asyncio.Queue()
+        try:
+            yield self._ids(heard)
+        finally:
+            if self._heard is heard:
+                self._heard = None
+
+    async def _ids(self, heard: asyncio.Queue[str | BaseException]) -> AsyncIterator[str | None]:
+        yield None
+        while True:
+            item = await heard.get()
+            if isinstance(item, BaseException):
+                raise item
+            await self.arriving.wait()
+            yield item
+
+    def cut(self) -> None:
+        """The listening connection is lost: what is told until the next one is lost too."""
+        assert self._heard is not None
+        self._heard.put_nowait(ConnectionError("cut"))
+        self._heard = None
+
+
+@pytest.mark.asyncio
+async def test_a_replica_hearing_again_waits_an_interval_before_judging(tmp_path: Path) -> None:
+    """Replicas A and B share a SQL store, with notices; a subscriber on B watches A's task
+    all along. A stops hearing the notices for three intervals (B's announcements meanwhile are
+    lost): nothing is cancelled. A hears them again, but B's announcements take half an interval
+    to come: still nothing (A does not take what it missed for nobody watching). Once the
+    subscriber leaves, A cancels the task, no sooner than the interval after."""
+    from a2a.server.tasks import DatabaseTaskStore
+
+    from .test_notices import HOUR, Listening
+    from .test_store import open_database
+
+    async with open_database("sqlite", tmp_path) as database:
+        everyone: list[InProcessNotices] = []
+        a_notices, b_notices = InProcessNotices(everyone), InProcessNotices(everyone)
+        listening = Listening(a_notices)
+        a, b = (
+            server(
+                cancel_unwatched_after=AFTER,
+                replica_poll_interval=HOUR,
+                store=FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=notices),
+            )
+            for notices in (a_notices, b_notices)
+        )
+        executor = agent(a)
+        try:
+            stream = await streamed(a)
+            await within(listening.heard())
+            subscriber = Stream(b.calls.subscribe(executor.task_id, "alice"))
+            await within(subscriber.until(lambda: bool(subscriber.events)))
+            await leave(stream)
+            listening.hold()
+            a_notices.cut()
+            await listening.retrying()
+            assert not await set_within(executor.cancel_called, QUIET)  # Deaf: nothing is judged.
+            a_notices.arriving.clear()
+            listening.reconnect.open()
+            await within(listening.heard(2))
+            assert not await set_within(executor.cancel_called, AFTER / 2)
+            a_notices.arriving.set()
+            assert not await set_within(executor.cancel_called, QUIET)
+            left_at = await leave(subscriber)
+            await assert_canceled_unwatched(a, left_at)
+        finally:
+            listening.reconnect.open()
+            a_notices.arriving.set()
+            executor.finish.set()
+            await within(executor.stopped.wait())
+
+            async def closed() -> bool:
+                return not await _sdk.has_run(a.handler, executor.task_id)
+
+            await eventually(closed)  # Closed before the database.
+            for replica in (a, b):
+                await within(replica.handler.aclose())
 
 
 def test_the_options_are_checked() -> None:
