@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -29,11 +30,11 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import keep
+from a2a_cancelfix._aio import deadline_in, keep, wait_done
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.executor import CancellableExecutor, require_executor
-from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Settings
+from a2a_cancelfix.lifecycle import DEFAULT_DRAIN_TIME, DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Settings
 from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
@@ -89,6 +90,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             a GetTask by its owner starts the clock again.
         cancel_unwatched_parked: also cancel a parked task (INPUT_REQUIRED, AUTH_REQUIRED)
             nobody watches; by default such a task, which runs nothing, is left alone.
+        shutdown_drain_time: seconds that ``aclose()`` takes at most: it sends the pushes
+            queued behind the runs and tries each pending CANCELED write once more meanwhile,
+            and logs a WARNING naming each task whose pushes or write it could not finish.
         probe: for ``a2a_cancelfix.testing``'s sweep, which sees each run's cancel points
             (see `a2a_cancelfix.checkpoints.Probe`); leave it unset.
 
@@ -110,6 +114,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         replica_poll_interval: float | None = DEFAULT_POLL_INTERVAL,
         cancel_unwatched_after: float | None = None,
         cancel_unwatched_parked: bool = False,
+        shutdown_drain_time: float = DEFAULT_DRAIN_TIME,
         probe: Probe | None = None,
         **kwargs: Any,
     ) -> None:
@@ -121,6 +126,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             on_canceled,
             cancel_unwatched_after=cancel_unwatched_after,
             cancel_unwatched_parked=cancel_unwatched_parked,
+            shutdown_drain_time=shutdown_drain_time,
         )
         _sdk.warn_if_unsupported()
         if isinstance(agent_executor, CancellableExecutor):
@@ -140,8 +146,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             probe=probe,
         )
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
+        self._pushes: BackgroundPushSender | None = None
         if arguments.arguments.get("push_sender") is not None:
-            arguments.arguments["push_sender"] = BackgroundPushSender(arguments.arguments["push_sender"])
+            self._pushes = BackgroundPushSender(arguments.arguments["push_sender"])
+            arguments.arguments["push_sender"] = self._pushes
         # What the SDK warns of here (no event_stream, a queue_manager) is about the caller's
         # arguments: said again at the caller's line, not at this one.
         with warnings.catch_warnings(record=True) as raised:
@@ -192,13 +200,20 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             watchers.touch(params.task_id)
 
     async def aclose(self) -> None:
-        """Stop hearing notices and the store's refusals, then close the runs held here, as the
-        SDK's own ``aclose`` does from a2a-sdk 1.1.2 (on 1.0.x, with the SDK's parts)."""
+        """Shut down within ``shutdown_drain_time``: stop hearing notices and the store's
+        refusals; close the runs held here, as the SDK's own ``aclose`` does from a2a-sdk 1.1.2
+        (on 1.0.x, with the SDK's parts); meanwhile send the pushes queued behind the runs and
+        try each pending CANCELED write once more. A WARNING names each task whose pushes or
+        write did not finish in that time."""
+        deadline = deadline_in(self._lifecycle.settings.shutdown_drain_time)
         await self._remote.aclose()
-        if _sdk_close is not None:
-            await _sdk_close(self)
-        else:
-            await _sdk.close_runs(self, MARGIN)
+        closing = keep(_sdk_close(self) if _sdk_close is not None else _sdk.close_runs(self, MARGIN))
+        drains = [self._lifecycle.drain(deadline)]
+        if self._pushes is not None:
+            drains.append(self._pushes.drain(deadline))
+        await asyncio.gather(*drains)
+        if not await wait_done(closing, deadline):
+            logger.warning("the handler's runs were not all closed by the end of shutdown_drain_time")
 
     @_telemetry.traced_as_sdk
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:

@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("a2a_cancelfix")
 
 DEFAULT_GRACE_PERIOD = 5.0
+# How long a handler's aclose() may take: pushes sent, pending CANCELED writes tried once more.
+DEFAULT_DRAIN_TIME = 5.0
 # Time past a cancel's deadline for the SDK to record its terminal state and close the run.
 MARGIN = 1.0
 # How far a loop's own lateness may stretch the margin (see Cancellation.settled).
@@ -95,10 +97,12 @@ class Settings:
     on_canceled: Literal["raise", "return"] = "raise"
     cancel_unwatched_after: float | None = None
     cancel_unwatched_parked: bool = False
+    shutdown_drain_time: float = DEFAULT_DRAIN_TIME
 
     def __post_init__(self) -> None:
         set_checked = functools.partial(object.__setattr__, self)
         set_checked("cancel_grace_period", checked_seconds("cancel_grace_period", self.cancel_grace_period))
+        set_checked("shutdown_drain_time", checked_seconds("shutdown_drain_time", self.shutdown_drain_time))
         if self.replica_poll_interval is not None:
             set_checked(
                 "replica_poll_interval", checked_seconds("replica_poll_interval", self.replica_poll_interval)
@@ -537,6 +541,7 @@ class Lifecycle:
         # Direct CANCELED writes in progress, retries included, by task: a stream whose run
         # was closed before its end was recorded waits for it (see `stored_end`).
         self.recording: dict[str, asyncio.Future[None]] = {}
+        self._closing = Once()  # The handler's aclose(): pending writes try once more, then stop.
         self.remote = (
             None
             if handler is None
@@ -962,17 +967,42 @@ class Lifecycle:
                 del self.recording[task_id]
 
     async def _record_later(self, task_id: str, caller: ServerCallContext) -> None:
-        """Retry recording the CANCELED of a task, backing off, until the store takes it."""
+        """Retry recording the CANCELED of a task, backing off, until the store takes it; once
+        the handler closes, once more at once, and no more."""
         for delay in _RECORD_RETRIES:
-            await asyncio.sleep(delay)
+            closing = await self._closing.wait(deadline_in(delay))
             try:
                 await _sdk.write_canceled(self._handler, task_id, caller)
             except Exception as error:
+                if closing:
+                    logger.warning(
+                        "task %s: the store did not record CANCELED before the shutdown (%r); "
+                        "it still shows the task as it was",
+                        task_id,
+                        error,
+                    )
+                    return
                 logger.debug("recording CANCELED of task %s failed again: %r", task_id, error)
                 continue
             logger.info("cancel task=%s recorded CANCELED after the store failed at first", task_id)
             return
         logger.error("cancel task=%s: the store never recorded CANCELED; the task shows WORKING", task_id)
+
+    async def drain(self, deadline: float) -> None:
+        """For the handler's shutdown: each pending CANCELED write is tried once more, at once,
+        and waited for until ``deadline``. One that has not ended by then is named in a WARNING
+        and left to land if it can: a store cut off mid-statement can keep its connection stuck.
+        """
+        self._closing.give()
+        pending = list(self.recording.items())
+        for _, writing in pending:
+            await wait_done(writing, deadline)
+        for task_id, writing in pending:
+            if not writing.done():
+                logger.warning(
+                    "task %s: the store had not recorded CANCELED by the end of shutdown_drain_time",
+                    task_id,
+                )
 
     async def stored_end(self, task_id: str, caller: ServerCallContext) -> Task | None:
         """For a stream of ``task_id`` that ended with no terminal event: if its run was closed

@@ -106,8 +106,13 @@ async def test_handlers_sharing_a_wrapped_executor_each_keep_their_grace_period(
 
 @pytest.mark.parametrize(
     "options",
-    [{"cancel_grace_period": 0}, {"on_parked": "ignore"}, {"on_canceled": "maybe"}],
-    ids=["grace", "on_parked", "on_canceled"],
+    [
+        {"cancel_grace_period": 0},
+        {"on_parked": "ignore"},
+        {"on_canceled": "maybe"},
+        {"shutdown_drain_time": -1},
+    ],
+    ids=["grace", "on_parked", "on_canceled", "drain"],
 )
 def test_rejects_bad_options(options: dict) -> None:
     """An option outside its documented values is a ValueError at construction."""
