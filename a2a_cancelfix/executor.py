@@ -147,3 +147,18 @@ class CancellableExecutor(_ExecutorProxy):
         published on the queue, which ``execute()`` keeps open until it is.
         """
         await self._self_lifecycle.requested_by_sdk(context, event_queue)
+
+
+def raised_by_execute(error: BaseException) -> bool:
+    """Whether ``error`` came out of a run of the wrapped ``execute()``: the SDK hands it to each
+    caller as it was raised, its traceback still through the proxy's ``execute()``. An error of
+    the task store or of the SDK's own run never passes there."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is _EXECUTE:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+_EXECUTE = CancellableExecutor.execute.__code__
