@@ -164,3 +164,18 @@ def require_executor(name: str, value: object) -> None:
         raise TypeError(
             f"{name} must be an AgentExecutor (with execute() and cancel()), not {type(value).__qualname__}"
         )
+
+
+def raised_by_execute(error: BaseException) -> bool:
+    """Whether ``error`` came out of a run of the wrapped ``execute()``: the SDK hands it to each
+    caller as it was raised, its traceback still through the proxy's ``execute()``. An error of
+    the task store or of the SDK's own run never passes there."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is _EXECUTE:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+_EXECUTE = CancellableExecutor.execute.__code__

@@ -33,7 +33,7 @@ from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import deadline_in, keep, wait_done
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix.checkpoints import Probe
-from a2a_cancelfix.executor import CancellableExecutor, require_executor
+from a2a_cancelfix.executor import CancellableExecutor, raised_by_execute, require_executor
 from a2a_cancelfix.lifecycle import DEFAULT_DRAIN_TIME, DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Settings
 from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
@@ -235,6 +235,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 except A2AError:
                     raise
                 except Exception as error:
+                    if raised_by_execute(error):
+                        raise  # Passed on, as the SDK's handler does.
                     raise _failed("", error) from error
                 refused = self._remote.refused_tasks  # Empty unless a save was refused.
                 if refused and isinstance(result, Task) and result.id in refused:
@@ -251,6 +253,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             except A2AError:
                 raise
             except Exception as error:
+                if raised_by_execute(error):
+                    raise
                 raise _failed(params.message.task_id, error) from error
             finally:
                 unprocessed = lifecycle.follow_up_unprocessed(message_id)
@@ -322,6 +326,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except A2AError:
             raise
         except Exception as error:
+            if raised_by_execute(error):
+                raise
             raise _failed(params.message.task_id, error) from error
         finally:
             if watchers is not None and observer is not None:
@@ -375,6 +381,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except A2AError:
             raise
         except Exception as error:
+            if raised_by_execute(error):
+                raise
             raise _failed(params.id, error) from error
         finally:
             if watchers is not None and observer is not None:
@@ -456,9 +464,9 @@ def _ended_without_it(state: int) -> bool:
 
 
 def _failed(task_id: str, error: Exception) -> InternalError:
-    """What a stream or a sender gets for a failure that is not an A2A error (the task store's
-    connection killed mid-save, say): an A2A error, as a transport would make it, never the
-    driver's exception."""
+    """What a stream or a sender gets for a failure that is not an A2A error, nor the executor's
+    own (the task store's connection killed mid-save, say): an A2A error, as a transport would
+    make it, never the driver's exception."""
     logger.warning("a request on task %s failed", task_id or "(new)", exc_info=error)
     return InternalError(message=f"The request failed: {type(error).__name__}")
 
