@@ -31,6 +31,7 @@ _METHODS = (
     "on_message_send_stream",
     "on_subscribe_to_task",
     "on_get_task",
+    "on_delete_task_push_notification_config",
     "aclose",
 )
 _ABSENT = object()  # An SDK class without the method (aclose on 1.0.x).
@@ -52,7 +53,7 @@ def patch(**options: Any) -> None:
     Args:
         options: our handler's keyword options (``cancel_grace_period``, ``on_parked``,
             ``on_canceled``, ``replica_poll_interval``, ``cancel_unwatched_after``,
-            ``cancel_unwatched_parked``), for every handler.
+            ``cancel_unwatched_parked``, ``shutdown_drain_time``), for every handler.
 
     Raises:
         TypeError, ValueError: an option outside its documented values, or an unknown one.

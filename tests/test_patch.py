@@ -247,3 +247,13 @@ async def test_a_message_to_an_ended_task_is_refused_under_patch(patched: None, 
 
     with pytest.raises(UnsupportedOperationError):
         await within(send())
+
+
+def test_patch_puts_every_method_our_handler_overrides() -> None:
+    """Each request method our handler overrides (the push config deletion, which starts the
+    unwatched clock, among them) is what a patched SDK handler runs too."""
+    from a2a_cancelfix import patching
+
+    ours = handler_module.DefaultRequestHandler.__dict__
+    overridden = {name for name in ours if (name.startswith("on_") or name == "aclose") and callable(ours[name])}
+    assert overridden == set(patching._METHODS)
