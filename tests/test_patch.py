@@ -255,5 +255,7 @@ def test_patch_puts_every_method_our_handler_overrides() -> None:
     from a2a_cancelfix import patching
 
     ours = handler_module.DefaultRequestHandler.__dict__
-    overridden = {name for name in ours if (name.startswith("on_") or name == "aclose") and callable(ours[name])}
+    overridden = {
+        name for name in ours if (name.startswith("on_") or name == "aclose") and callable(ours[name])
+    }
     assert overridden == set(patching._METHODS)
