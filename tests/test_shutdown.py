@@ -146,6 +146,9 @@ async def test_a_shutdown_gives_up_on_a_webhook_that_never_answers() -> None:
     assert DRAIN * 0.9 <= took <= DRAIN + SLACK
 
 
+ENDS = (TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_FAILED)
+
+
 class RefusesCanceled(wrapt.ObjectProxy):  # type: ignore[misc]
     """A task store whose saves of CANCELED fail until ``accepting`` is set, as they do while
     its database is unreachable (``refused`` counts them); once ``hang`` is set they wait
@@ -169,7 +172,8 @@ class RefusesCanceled(wrapt.ObjectProxy):  # type: ignore[misc]
         await self._self_refusals.until(lambda: self._self_refused >= times)
 
     async def save(self, task: Any, *args: Any, **kwargs: Any) -> None:
-        if task.status.state == TaskState.TASK_STATE_CANCELED and not self._self_accepting.is_set():
+        # FAILED too: 1.0.3's consumer answers its failed save of CANCELED by saving FAILED.
+        if task.status.state in ENDS and not self._self_accepting.is_set():
             if self._self_hang:
                 await asyncio.Event().wait()
             self._self_refused += 1
