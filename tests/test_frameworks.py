@@ -114,11 +114,11 @@ def teardown_module() -> None:
         sys.modules.pop(name, None)
 
 
-def test_the_readme_shows_what_a_correct_agent_prints() -> None:
-    """`a2a-cancelfix sweep langgraph_agent:executor` prints the README's table, exit 0."""
+def test_the_docs_show_what_a_correct_agent_prints() -> None:
+    """`a2a-cancelfix sweep langgraph_agent:executor` prints docs/frameworks.md's table, exit 0."""
     pytest.importorskip("a2a_adapter")
-    readme = (EXAMPLES.parent / "README.md").read_text().split("## Testing your executor", 1)[1]
-    shown = readme.split("```text\n", 1)[1].split("```", 1)[0]
+    page = (EXAMPLES.parent / "docs" / "frameworks.md").read_text()
+    shown = page.split("```text\n", 1)[1].split("```", 1)[0]
     command = [sys.executable, "-W", "ignore", "-m", "a2a_cancelfix", "sweep", "langgraph_agent:executor"]
     result = subprocess.run(command, cwd=EXAMPLES, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
