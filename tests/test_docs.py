@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import sys
 import uuid
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -63,8 +64,8 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def blocks(language: str, pages: list[Path] = PAGES) -> list[Block]:
-    """The ``language`` code blocks of ``pages``, in order."""
+def blocks(language: str | None, pages: list[Path] = PAGES) -> list[Block]:
+    """The ``language`` code blocks of ``pages`` (None: all of them), in order."""
     found = []
     for page in pages:
         opened: tuple[int, str] | None = None
@@ -75,8 +76,8 @@ def blocks(language: str, pages: list[Path] = PAGES) -> list[Block]:
             elif opened is None:
                 opened, body = (number, line[3:].strip()), []
             else:
-                if opened[1] == language:
-                    found.append(Block(page, opened[0], language, "\n".join(body) + "\n"))
+                if language in (None, opened[1]):
+                    found.append(Block(page, opened[0], opened[1], "\n".join(body) + "\n"))
                 opened = None
     return found
 
@@ -127,8 +128,12 @@ def needs_frameworks(code: str) -> bool:
     return any(re.search(rf"\b(import|from) {re.escape(name)}\b", code) for name in FRAMEWORK_MODULES)
 
 
+# ADK's own, on every use of its A2A support.
+ADK_EXPERIMENTAL = pytest.mark.filterwarnings(r"ignore:\[EXPERIMENTAL\]:UserWarning")
+
+
 def python_params() -> list[Any]:
-    marks = {True: [pytest.mark.frameworks], False: []}
+    marks = {True: [pytest.mark.frameworks, ADK_EXPERIMENTAL], False: []}
     return [
         pytest.param(block, id=str(block), marks=marks[needs_frameworks(block.code)])
         for block in blocks("python")
@@ -325,6 +330,16 @@ def test_the_sweep_commands_run_as_written(block: Block) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rows hold." in result.stdout
+    shown = output_after(block)
+    if shown is not None:
+        assert result.stdout == shown.code
+
+
+def output_after(block: Block) -> Block | None:
+    """The ```text block that comes next on the block's page, if the next one is: what the
+    page says the command prints."""
+    later = [each for each in blocks(None, [block.page]) if each.line > block.line]
+    return later[0] if later and later[0].language == "text" else None
 
 
 # The complete server the README shows.

@@ -325,7 +325,7 @@ async def test_a_remote_cancel_ends_canceled_even_when_cancel_raises_there() -> 
         assert {row.seen[name] for name in ("store", "stream", "subscriber", "push")} == {"CANCELED"}, row
 
 
-def testing_doc_blocks(after: str) -> list[str]:
+def sweep_doc_blocks(after: str) -> list[str]:
     """The code blocks of docs/testing.md's section ``after``."""
     text = (ROOT / "docs" / "testing.md").read_text().split(after, 1)[1].split("\n## ", 1)[0]
     return [block.split("\n", 1)[1] for block in text.split("```")[1::2]]
@@ -372,7 +372,7 @@ async def test_the_readme_shows_the_row_that_fails(tmp_path: Path, monkeypatch: 
     )
     agent = broken_example(outside, tmp_path, monkeypatch)
     report = await swept(agent.Pipeline, released=agent.claim_released)
-    quoted = testing_doc_blocks("## What the sweep does")[0].strip().splitlines()
+    quoted = sweep_doc_blocks("## What the sweep does")[0].strip().splitlines()
     first = str(report).split("\n\n")[2].splitlines()  # After the table and the count.
     assert first[:2] == quoted
     assert f"and {len(report.failures)} rows fail, the first:" in (ROOT / "docs" / "testing.md").read_text()
