@@ -190,6 +190,14 @@ def test_a_python_block_runs_as_written(
             script.write_text(code)
             namespace = runpy.run_path(str(script), run_name="__main__")
         tests = [value for name, value in namespace.items() if name.startswith("test_") and callable(value)]
+        defined = [
+            value
+            for value in namespace.values()
+            if is_executor_class(value) and value.__module__ == "__main__"
+        ]
+        assert not defined or tests or "asyncio.run(" in block.code, (
+            f"{block} never runs the executor it defines"
+        )
         for test in tests:
             if inspect.iscoroutinefunction(test):
                 marks = [mark.name for mark in getattr(test, "pytestmark", [])]
@@ -199,6 +207,12 @@ def test_a_python_block_runs_as_written(
                 test()
     finally:
         a2a_cancelfix.unpatch()
+
+
+def is_executor_class(value: object) -> bool:
+    from a2a.server.agent_execution import AgentExecutor
+
+    return isinstance(value, type) and issubclass(value, AgentExecutor)
 
 
 # The bash blocks: checked for shape, and the sweep's commands run.
