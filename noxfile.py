@@ -22,8 +22,8 @@ SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.2", "1.2.3", "
 #   upstream's cluster mode (1.2.0+).
 # - tests/test_store.py's race between processes: FinalStateTaskStore's guarded write is one SQL
 #   statement of ours, the same on every release, through accessors `_sdk` probes at import.
-# - the tests that run our own entry points in an interpreter of their own: the README's testing
-#   recipes as written (test_readme.py), `python -m a2a_cancelfix` (test_layout.py, test_cli.py),
+# - the tests that run our own entry points in an interpreter of their own: the docs' sweep
+#   commands as written (test_docs.py), `python -m a2a_cancelfix` (test_layout.py, test_cli.py),
 #   the sweep command (test_sweep.py, test_sweep_field.py) and the runtime's imports
 #   (test_layout.py). Each interpreter imports a2a-sdk anew, over a second of CPU. What they run,
 #   `cli.main` and the sweep, runs in process on every release; what they add (an entry point, a
@@ -95,7 +95,7 @@ def tests(session: nox.Session, sdk: str) -> None:
     session.run(*run, "-p", "no:xdist", OWN_PROCESS, env=environment)
 
 
-# Pinned: the versions the README's recipes and tests/test_frameworks.py were written against.
+# Pinned: the versions docs/frameworks.md's recipes and tests/test_frameworks.py were written against.
 FRAMEWORKS = ["google-adk[a2a]==2.13.0", "a2a-adapter[langgraph]==0.2.14", "langgraph==1.2.24"]
 LITE = "a2a-lite==1.2.1"
 
@@ -112,4 +112,6 @@ def frameworks(session: nox.Session, sdk: str) -> None:
     # a2a-lite needs a2a-sdk 1.2.2+: its tests skip, saying so, on older releases.
     lite = [LITE] if sdk == "newest" else []
     session.install("-e", ".[test]", *FRAMEWORKS, *lite, requirement)
+    # With docs/frameworks.md's blocks (tests/test_docs.py marks those that need a framework).
     session.run("pytest", "tests/test_frameworks.py", *session.posargs)
+    session.run("pytest", "-m", "frameworks", "tests/test_docs.py", *session.posargs)

@@ -2,8 +2,8 @@
 
 A run of the wrapped ``execute()`` is a `Work`; a cancel of its task is a `Cancellation`.
 Both are kept per task id in a `Lifecycle`, built once per handler (or per executor proxy
-under the SDK's stock handler) with its `Settings` and collaborators. The README's steps 1-8
-are `Lifecycle._drive` and `Cancellation.carry_out`; the handler and the executor proxy are
+under the SDK's stock handler) with its `Settings` and collaborators. docs/behaviour.md's steps
+1-8 are `Lifecycle._drive` and `Cancellation.carry_out`; the handler and the executor proxy are
 adapters between the SDK and the lifecycle's entries.
 """
 
@@ -486,7 +486,7 @@ class Cancellation:
 
 
 class Lifecycle:
-    """Every cancel of one executor's tasks, from any origin, in the README's order (steps 1-8).
+    """Every cancel of one executor's tasks, from any origin, in docs/behaviour.md's order (steps 1-8).
 
     Built once, with all it needs: by our handler (``handler``: the SDK's handler whose
     registry, store and own cancel it uses; ``store``: the task store the handler was given),

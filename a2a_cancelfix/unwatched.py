@@ -128,7 +128,7 @@ class Watchers:
         elif remote.notices is None:
             logger.warning(
                 "cancel_unwatched_after needs the store's notices to hear what other replicas "
-                "watch; without them no task is cancelled as unwatched (see README, Several replicas)"
+                "watch; without them no task is cancelled as unwatched (see docs/replicas.md)"
             )
 
     # The observers.

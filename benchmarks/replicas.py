@@ -1,7 +1,7 @@
 """Cancels across replicas sharing a task store (SQLite file, PostgreSQL): how fast the running
 replica notices, polling or told by a notice (PostgreSQL NOTIFY, Redis pub/sub), how many store
 reads the watching adds, and whether a cancel racing the run's completion ever answers other
-than the store holds or overwrites a terminal state (README set-up and cluster mode)."""
+than the store holds or overwrites a terminal state (docs/replicas.md: its set-up and cluster mode)."""
 
 from __future__ import annotations
 

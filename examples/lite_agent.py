@@ -3,8 +3,7 @@
 From this folder, ``a2a-cancelfix sweep lite_agent:executor`` sweeps the executor a2a-lite's
 own server runs. a2a-lite (1.2.1) reports any ``CancelledError`` in a run as a shutdown and
 publishes FAILED after the cancel: the sweep names it on each row where the cancel reaches
-the run, and under our handler every observer still sees CANCELED (README, *Testing your
-executor*).
+the run, and under our handler every observer still sees CANCELED (docs/frameworks.md).
 """
 
 from __future__ import annotations

@@ -60,3 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "edges_only: run by nox on the oldest and newest a2a-sdk release only; the code path it "
         "adds does not differ between releases (noxfile.py says which and why)",
     )
+    config.addinivalue_line(
+        "markers",
+        "frameworks: needs the frameworks `nox -s frameworks` installs (that session runs them)",
+    )

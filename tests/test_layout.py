@@ -15,7 +15,9 @@ import pytest
 
 import a2a_cancelfix
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+ROOT = Path(__file__).parents[1]
+DOCS = "\n".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+"""The README and docs/, where every public name is documented."""
 
 PUBLIC = {
     "a2a_cancelfix": {
@@ -73,7 +75,7 @@ PUBLIC = {
     },
     "a2a_cancelfix.testing.examples": {"Pipeline", "claim_released"},
 }
-"""Every public module and the names it exports; each named in the README."""
+"""Every public module and the names it exports; each named in the README or docs/."""
 
 RUNTIME = sorted(
     f"a2a_cancelfix.{module.name}"
@@ -85,13 +87,13 @@ RUNTIME = sorted(
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
 def test_a_public_module_exports_exactly_its_documented_names(module: str) -> None:
-    """``__all__`` is the set the README documents, and every name in it resolves."""
+    """``__all__`` is the set the docs document, and every name in it resolves."""
     exported = importlib.import_module(module).__all__
     assert set(exported) == PUBLIC[module]
     assert all(getattr(importlib.import_module(module), name) is not None for name in exported)
     # Named in the text or the examples: `name`, `module.name`, or imported.
-    undocumented = [name for name in exported if not re.search(rf"[`.\s,(]{name}\b", README)]
-    assert not undocumented, f"{module} exports names the README does not name: {undocumented}"
+    undocumented = [name for name in exported if not re.search(rf"[`.\s,(]{name}\b", DOCS)]
+    assert not undocumented, f"{module} exports names the docs do not name: {undocumented}"
 
 
 @pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).

@@ -148,7 +148,7 @@ async def test_good_executors_hold_on_every_row(executor: object, released: obje
     report = await swept(executor, released=released)
     assert report.ok, told(report)
     if executor is Pipeline:
-        assert f"holds\non all {len(report.rows)} rows" in (ROOT / "README.md").read_text()
+        assert f"holds\non all {len(report.rows)} rows" in (ROOT / "docs" / "testing.md").read_text()
     kinds = {row.point.kind for row in report.rows[1:] if row.point}
     assert {"publish", "published", "checkpoint", "await", "ended"} <= kinds
     assert {row.origin for row in report.rows[1:]} == {"local", "remote", "client leaves"}
@@ -325,14 +325,14 @@ async def test_a_remote_cancel_ends_canceled_even_when_cancel_raises_there() -> 
         assert {row.seen[name] for name in ("store", "stream", "subscriber", "push")} == {"CANCELED"}, row
 
 
-def readme_blocks(after: str) -> list[str]:
-    """The code blocks of the README's section ``after``."""
-    text = (ROOT / "README.md").read_text().split(after, 1)[1].split("\n## ", 1)[0]
+def sweep_doc_blocks(after: str) -> list[str]:
+    """The code blocks of docs/testing.md's section ``after``."""
+    text = (ROOT / "docs" / "testing.md").read_text().split(after, 1)[1].split("\n## ", 1)[0]
     return [block.split("\n", 1)[1] for block in text.split("```")[1::2]]
 
 
 def broken_example(change: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The README's example changed as its text says, imported as the user's ``agent``."""
+    """The kit's example changed as docs/testing.md says, imported as the user's ``agent``."""
     source = (ROOT / "a2a_cancelfix" / "testing" / "examples.py").read_text()
     assert change[0] in source
     (tmp_path / "agent.py").write_text(source.replace(change[0], change[1]))
@@ -347,8 +347,8 @@ def broken_example(change: tuple[str, str], tmp_path: Path, monkeypatch: pytest.
 async def test_the_readme_example_holds_without_its_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the checkpoint between its tool calls, the README's example still holds on every
-    row, as the README says: a cancel stops it at its next await."""
+    """Without the checkpoint between its tool calls, the kit's example still holds on every
+    row, as docs/testing.md says: a cancel stops it at its next await."""
     removed = (
         "                await checkpoint()  # Between tool calls: a cancel stops before the next one.\n",
         "",
@@ -358,24 +358,24 @@ async def test_the_readme_example_holds_without_its_checkpoint(
     assert report.ok, told(report)
     assert (
         "delete the `await checkpoint()`\nbetween its tool calls, and every row still holds"
-        in (ROOT / "README.md").read_text()
+        in (ROOT / "docs" / "testing.md").read_text()
     )
 
 
 @pytest.mark.asyncio
 async def test_the_readme_shows_the_row_that_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's example, its claim released outside ``finally``, fails first the row the
-    README quotes, and as many rows as it says."""
+    """The kit's example, its claim released outside ``finally``, fails first the row
+    docs/testing.md quotes, and as many rows as it says."""
     outside = (
         "        try:\n            yield\n        finally:\n            self",
         "        yield\n        self",
     )
     agent = broken_example(outside, tmp_path, monkeypatch)
     report = await swept(agent.Pipeline, released=agent.claim_released)
-    quoted = readme_blocks("## Testing your executor")[1].strip().splitlines()
+    quoted = sweep_doc_blocks("## What the sweep does")[0].strip().splitlines()
     first = str(report).split("\n\n")[2].splitlines()  # After the table and the count.
     assert first[:2] == quoted
-    assert f"and {len(report.failures)} rows fail, the first:" in (ROOT / "README.md").read_text()
+    assert f"and {len(report.failures)} rows fail, the first:" in (ROOT / "docs" / "testing.md").read_text()
 
 
 @pytest.mark.asyncio

@@ -1,4 +1,4 @@
-"""The README's example executor, ready to sweep.
+"""The example executor of the README's test, ready to sweep.
 
 ``a2a-cancelfix sweep a2a_cancelfix.testing.examples:Pipeline`` shows what its sweep looks like.
 

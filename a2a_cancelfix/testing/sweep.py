@@ -361,7 +361,7 @@ class _World:
         self.plan = plan
         self.probe = probe = Probe(target, pending, visit=self._visit)
         self.unwatched = unwatched  # No subscriber nor push config: the sender's client leaves.
-        # With notices, as the README asks of replicas: a run that never looks hears B's cancel.
+        # With notices, as docs/replicas.md asks of replicas: a run that never looks hears B's cancel.
         self.store = FinalStateTaskStore(InMemoryTaskStore(), notices=LocalNotices())
         self.configs = InMemoryPushNotificationConfigStore()
         self.push = PushReceiver()
