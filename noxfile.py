@@ -1,10 +1,17 @@
 """The test matrix: the whole suite against each supported a2a-sdk release, one environment each."""
 
+import email
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
 import nox
+from packaging.requirements import Requirement
 
 nox.options.default_venv_backend = "uv|virtualenv"
 # Lint and types first: they fail in seconds where the matrix takes minutes.
-nox.options.sessions = ["lint", "typecheck", "tests", "frameworks"]
+nox.options.sessions = ["lint", "typecheck", "package", "tests", "frameworks"]
 nox.options.error_on_missing_interpreters = True
 
 # Every minor line's first and last release we support, the releases where the SDK's behaviour
@@ -44,6 +51,11 @@ OWN_PROCESS = "tests/test_telemetry.py"
 # Pinned, so that a new release of a checker fails nobody's build until it is adopted here.
 LINTERS = ["ruff==0.17.6"]
 TYPE_CHECKERS = ["mypy==2.4.1", "types-protobuf==7.35.1.20261122"]
+PACKAGERS = ["build[uv]==1.6.1", "twine==7.0.0"]
+
+# A library stand-in that the sweep must class as installed code (tests/test_sweep_field.py): it
+# goes beside the `test` extra, installed into site-packages, as no published package can name it.
+FAKELIB = "./tests/fakelib"
 
 
 @nox.session
@@ -63,9 +75,71 @@ def typecheck(session: nox.Session, sdk: str) -> None:
     The oldest and the newest release, whose annotations differ (_sdk.py probes for what each
     has); pyproject.toml's [tool.mypy] says what is checked, tests/typecheck/ included.
     """
-    session.install("-e", ".[test]", _sdk_requirement(sdk), *TYPE_CHECKERS)
+    session.install("-e", ".[test]", FAKELIB, _sdk_requirement(sdk), *TYPE_CHECKERS)
     # A cache per release: one shared between them would be rebuilt at every switch.
     session.run("mypy", "--cache-dir", f"{session.virtualenv.location}/mypy_cache", *session.posargs)
+
+
+@nox.session
+def package(session: nox.Session) -> None:
+    """Build the sdist and the wheel, check them as the index would, and run the installed wheel.
+
+    The wheel goes into an environment of its own, holding it and its dependencies only, and
+    runs `a2a-cancelfix check` outside the tree, so that nothing but what it installed is imported.
+    """
+    session.install(*PACKAGERS)
+    tmp = Path(session.create_tmp()).resolve()
+    dist, fresh = tmp / "dist", tmp / "fresh"
+    shutil.rmtree(dist, ignore_errors=True)
+    shutil.rmtree(fresh, ignore_errors=True)
+    session.run("python", "-m", "build", "--installer=uv", "--outdir", str(dist))
+    (wheel,), (sdist,) = dist.glob("*.whl"), dist.glob("*.tar.gz")
+    session.run("twine", "check", "--strict", str(wheel), str(sdist))
+    tracked = session.run("git", "ls-files", *_SDIST, silent=True, external=True)
+    problems = _dist_problems(wheel, sdist, set(str(tracked).split()))
+    if problems:
+        session.error("\n".join(problems))
+    session.run("python", "-m", "venv", "--without-pip", str(fresh))
+    session.run("uv", "pip", "install", "--quiet", "--python", str(fresh / "bin" / "python"), str(wheel))
+    session.chdir(tmp)
+    session.run(str(fresh / "bin" / "a2a-cancelfix"), "--version", external=True)
+    session.run(str(fresh / "bin" / "a2a-cancelfix"), "check", external=True)
+
+
+# What the sdist must hold of the tree for a distributor to run the tests (pyproject.toml's
+# [tool.hatch.build.targets.sdist] puts them there).
+_SDIST = ["a2a_cancelfix", "tests", "docs", "examples", "pyproject.toml", "README.md", "LICENSE"]
+
+
+def _dist_problems(wheel: Path, sdist: Path, tracked: set[str]) -> list[str]:
+    """What the index would refuse, or a user or distributor miss, in the two archives."""
+    with zipfile.ZipFile(wheel) as archive:
+        in_wheel = archive.namelist()
+        (info,) = (name for name in in_wheel if name.endswith(".dist-info/METADATA"))
+        metadata = {"wheel": email.message_from_bytes(archive.read(info))}
+    with tarfile.open(sdist) as archive:
+        in_sdist = {name.partition("/")[2]: archive.getmember(name) for name in archive.getnames()}
+        metadata["sdist"] = email.message_from_bytes(archive.extractfile(in_sdist["PKG-INFO"]).read())
+    problems = [
+        f"{where}: {requirement!r} is a direct reference, which the index refuses"
+        for where, fields in metadata.items()
+        for requirement in fields.get_all("Requires-Dist", [])
+        if Requirement(requirement).url
+    ]
+    problems += [
+        f"{where}: a License classifier beside the license expression, which the index refuses"
+        for where, fields in metadata.items()
+        if any(classifier.startswith("License ::") for classifier in fields.get_all("Classifier", []))
+    ]
+    if "LICENSE" not in metadata["wheel"].get_all("License-File", []):
+        problems.append("the wheel does not carry LICENSE")
+    problems += [
+        f"the wheel holds {name}, not the package"
+        for name in in_wheel
+        if not name.startswith("a2a_cancelfix")
+    ]
+    problems += [f"the sdist lacks {name}, which the tests need" for name in sorted(tracked - set(in_sdist))]
+    return problems
 
 
 def _sdk_requirement(sdk: str) -> str:
@@ -77,7 +151,7 @@ def _sdk_requirement(sdk: str) -> str:
 @nox.parametrize("sdk", SDK_RELEASES)
 def tests(session: nox.Session, sdk: str) -> None:
     """Run the suite against one a2a-sdk release."""
-    session.install("-e", ".[test]", _sdk_requirement(sdk))
+    session.install("-e", ".[test]", FAKELIB, _sdk_requirement(sdk))
     selection = [] if sdk in EDGES else ["-m", "not edges_only"]
     # Four workers on two cores: most of the suite waits (server processes starting, databases,
     # timers, grace periods), so two kept the cores half idle. On an idle machine a middle
@@ -111,7 +185,7 @@ def frameworks(session: nox.Session, sdk: str) -> None:
     requirement = "a2a-sdk>=1,<2" if sdk == "newest" else f"a2a-sdk=={sdk}"
     # a2a-lite needs a2a-sdk 1.2.2+: its tests skip, saying so, on older releases.
     lite = [LITE] if sdk == "newest" else []
-    session.install("-e", ".[test]", *FRAMEWORKS, *lite, requirement)
+    session.install("-e", ".[test]", FAKELIB, *FRAMEWORKS, *lite, requirement)
     # With docs/frameworks.md's blocks (tests/test_docs.py marks those that need a framework).
     session.run("pytest", "tests/test_frameworks.py", *session.posargs)
     session.run("pytest", "-m", "frameworks", "tests/test_docs.py", *session.posargs)

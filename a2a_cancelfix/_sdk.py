@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from a2a.server.request_handlers import DefaultRequestHandlerV2
-from a2a.server.tasks import TaskStore
+from a2a.server.tasks import BasePushNotificationSender, PushNotificationConfigStore, TaskStore
 from a2a.types import CancelTaskRequest, Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 from a2a.utils import telemetry as _telemetry_module
 from google.protobuf.message import Message as ProtobufMessage
@@ -29,6 +29,7 @@ from google.protobuf.message import Message as ProtobufMessage
 from a2a_cancelfix._aio import deadline_in, deadlines, keep, wait_done, wait_set
 
 if TYPE_CHECKING:
+    import httpx
     from a2a.server.context import ServerCallContext
     from a2a.server.events.event_queue import EventQueue
     from a2a.server.events.event_queue_v2 import EventQueueSource  # 1.0.0-1.3.0
@@ -247,6 +248,21 @@ def _runs_close_themselves() -> bool:
 
 
 RUNS_CLOSE_THEMSELVES = _runs_close_themselves()
+
+# The push sender reads its configs under the owner it is built with up to 1.0.1; from 1.0.2 it
+# dispatches to every owner, and logs that the context it still accepts is deprecated.
+_PUSH_SENDER_NEEDS_OWNER = (
+    inspect.signature(BasePushNotificationSender).parameters["context"].default is inspect.Parameter.empty
+)
+
+
+def push_sender(
+    client: httpx.AsyncClient, configs: PushNotificationConfigStore, owner: ServerCallContext
+) -> BasePushNotificationSender:
+    """Build the SDK's push sender, with ``owner`` only where the release requires it."""
+    context: dict[str, Any] = {"context": owner} if _PUSH_SENDER_NEEDS_OWNER else {}
+    return BasePushNotificationSender(client, configs, **context)
+
 
 _warned = False
 

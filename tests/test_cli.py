@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from importlib.metadata import version
 
 import pytest
 
+import a2a_cancelfix
 from a2a_cancelfix.tools import check, cli, scenarios
 from a2a_cancelfix.tools.check import EXIT_CODES
 
@@ -205,3 +207,13 @@ def test_the_verdict_names_what_did_not_run_beside_what_stock_fails(monkeypatch,
         '  - cancel() hangs: stock "HANG", expected "CANCELED"',
         f"NOT RUN: client leaves mid-cancel, gRPC ({GRPC_HINT})",
     ]
+
+
+def test_version_prints_the_installed_package_and_sdk(capsys) -> None:
+    """``--version`` prints the version the package was installed as, and the a2a-sdk it runs on."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    expected = f"a2a-cancelfix {version('a2a-cancelfix')} (a2a-sdk {version('a2a-sdk')})"
+    assert capsys.readouterr().out.strip() == expected
+    assert a2a_cancelfix.__version__ == version("a2a-cancelfix")

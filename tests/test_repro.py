@@ -93,7 +93,8 @@ def test_each_script_fails_on_stock_on_its_assertion(
     scenario, standalone, capsys, monkeypatch, tmp_path: Path
 ) -> None:
     """For a scenario stock fails here, the printed script imports only a2a-sdk and the standard
-    library, runs where a2a_cancelfix cannot be imported, and fails on its assertion."""
+    library, runs where a2a_cancelfix cannot be imported, and fails on its assertion, with no
+    deprecated call of the SDK's on the way."""
     if scenarios._wire.missing(scenario.transport):
         pytest.skip(f"{scenario.transport} is not installed: check does not run the scenario")
     runs: list[subprocess.CompletedProcess[str]] = []
@@ -126,6 +127,7 @@ def test_each_script_fails_on_stock_on_its_assertion(
     # "AssertionError: expected '...', got '...'"; on a loaded machine, maybe an earlier bounded wait's.
     assert ends_on_its_assertion(result), result.stderr
     assert "ModuleNotFoundError" not in result.stderr and "ImportError" not in result.stderr
+    assert "deprecated" not in result.stderr and "no longer uses" not in result.stderr, result.stderr
 
 
 def test_check_prints_a_script_only_once_it_saw_it_fail_on_its_assertion(capsys) -> None:

@@ -13,12 +13,7 @@ import wrapt
 from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
-from a2a.server.tasks import (
-    BasePushNotificationSender,
-    InMemoryPushNotificationConfigStore,
-    InMemoryTaskStore,
-    TaskStore,
-)
+from a2a.server.tasks import InMemoryPushNotificationConfigStore, InMemoryTaskStore, TaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -35,6 +30,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
+from a2a_cancelfix._sdk import push_sender
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.patching import is_patched
@@ -241,7 +237,7 @@ def make_server(
         arguments["event_stream"] = event_stream
     if push:
         arguments["push_config_store"] = configs
-        arguments["push_sender"] = BasePushNotificationSender(receiver.client, configs, caller(owner))
+        arguments["push_sender"] = push_sender(receiver.client, configs, caller(owner))
     if kind == "ours":
         options.setdefault("cancel_grace_period", GRACE)
         handler: DefaultRequestHandlerV2 = DefaultRequestHandler(**arguments, **options)

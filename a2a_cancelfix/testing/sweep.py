@@ -30,7 +30,6 @@ from typing import Any
 import wrapt
 from a2a.server.agent_execution import AgentExecutor
 from a2a.server.tasks import (
-    BasePushNotificationSender,
     InMemoryPushNotificationConfigStore,
     InMemoryTaskStore,
 )
@@ -389,7 +388,7 @@ class _World:
         self, executor: Any, poll: float | None = PARKED_LOOKS, probe: Probe | None = None
     ) -> DefaultRequestHandler:
         card = _wire.agent_card("jsonrpc", "http://127.0.0.1/")
-        sender = BasePushNotificationSender(self.push.client, self.configs, caller())
+        sender = _sdk.push_sender(self.push.client, self.configs, caller())
         return DefaultRequestHandler(
             executor,
             task_store=self.store,

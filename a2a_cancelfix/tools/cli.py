@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from importlib.metadata import version
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,6 +13,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="a2a-cancelfix", description="Cancellation that always ends, for a2a-sdk 1.x."
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {version('a2a-cancelfix')} (a2a-sdk {version('a2a-sdk')})",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser(

@@ -110,9 +110,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 import uuid
-import warnings
 from importlib.metadata import version
 
 import httpx  # a2a-sdk's own dependency: its push sender posts with it
@@ -338,9 +338,10 @@ class Server:
             default_output_modes=["text/plain"],
             skills=[AgentSkill(id="work", name="work", description="works until cancelled", tags=["cancel"])],
         )
-        with warnings.catch_warnings():  # a2a-sdk 1.0 requires the context; later releases deprecate it
-            warnings.simplefilter("ignore", DeprecationWarning)
-            sender = BasePushNotificationSender(self.push.client, configs, as_user("alice"))
+        # a2a-sdk 1.0.0-1.0.1 read push configs under this context; later releases log that it is deprecated.
+        context = inspect.signature(BasePushNotificationSender).parameters["context"]
+        owner = (as_user("alice"),) if context.default is inspect.Parameter.empty else ()
+        sender = BasePushNotificationSender(self.push.client, configs, *owner)
         self.handler = DefaultRequestHandler(
             agent_executor=agent, task_store=self.store, agent_card=card, push_config_store=configs, push_sender=sender
         )
