@@ -23,7 +23,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and sizes")
     quick = parser.parse_args().quick
     print(f"python {platform.python_version()} on {platform.machine()}, {platform.processor() or 'cpu'}")
-    for benchmark in (hot_path, bytecodes, cancel_latency, busy_loop_cancel, checkpoint_cost, mass_cancel, replicas):
+    for benchmark in (
+        hot_path,
+        bytecodes,
+        cancel_latency,
+        busy_loop_cancel,
+        checkpoint_cost,
+        mass_cancel,
+        replicas,
+    ):
         benchmark.main(quick)
 
 
