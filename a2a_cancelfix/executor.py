@@ -18,14 +18,10 @@ import wrapt
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 
 from a2a_cancelfix._aio import checked_seconds, deadline_in
-from a2a_cancelfix.lifecycle import (
-    DEFAULT_GRACE_PERIOD,
-    Lifecycle,
-    RunQueue,
-    Settings,
-    Work,
-    has_ended,
-)
+from a2a_cancelfix._cancel.queues import RunQueue, has_ended
+from a2a_cancelfix._cancel.settings import DEFAULT_GRACE_PERIOD, Settings
+from a2a_cancelfix._cancel.work import Work
+from a2a_cancelfix.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from a2a.server.events.event_queue import EventQueue

@@ -24,6 +24,7 @@ from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep, wait_set
+from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix.notices import keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.unwatched import WATCHED
@@ -40,7 +41,6 @@ logger = logging.getLogger("a2a_cancelfix")
 # A terminal event a stream or a sender hands on: as_stored answers with one of the same type.
 Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 
-DEFAULT_POLL_INTERVAL = 1.0
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
 _REFUSALS_KEPT = 10_000
 

@@ -131,13 +131,7 @@ ASSIGNED_ELSEWHERE = {
     ("_sdk.py", "canceled.status.state"),  # a Task it has just copied
     ("checkpoints.py", "run.unwinding"),  # Run
     ("executor.py", "proxy._self_lifecycle"),  # the proxy its _of() builds
-    ("lifecycle.py", "cancellation.path"),  # Cancellation
-    ("lifecycle.py", "cancellation.message"),
-    ("lifecycle.py", "cancellation.recorded"),
-    ("lifecycle.py", "cancellation.write_by"),
-    ("lifecycle.py", "cancellation.writing"),
-    ("lifecycle.py", "cancellation.write_outlived"),
-    ("lifecycle.py", "run.task_ended"),  # Work, by its RunQueue
+    ("_cancel/queues.py", "run.task_ended"),  # Work, by its RunQueue
     ("patching.py", "sdk.__init__"),
     ("patching.py", "setattr(sdk, ...)"),
     ("patching.py", "DefaultRequestHandlerV2.__init__"),

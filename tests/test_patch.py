@@ -16,7 +16,7 @@ from a2a.types import SendMessageRequest, UnsupportedOperationError
 import a2a_cancelfix
 from a2a_cancelfix import FinalStateTaskStore, _sdk
 from a2a_cancelfix import handler as handler_module
-from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD
+from a2a_cancelfix._cancel.settings import DEFAULT_GRACE_PERIOD
 from a2a_cancelfix.testing import (
     ScriptedExecutor,
     Server,

@@ -35,6 +35,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
+from a2a_cancelfix._cancel.settings import Settings
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
 from a2a_cancelfix.patching import is_patched
@@ -244,7 +245,8 @@ def make_server(
         arguments["push_sender"] = BasePushNotificationSender(receiver.client, configs, caller(owner))
     if kind == "ours":
         options.setdefault("cancel_grace_period", GRACE)
-        handler: DefaultRequestHandlerV2 = DefaultRequestHandler(**arguments, **options)
+        # Settings, not the handler's keywords: they take a `Timing` too.
+        handler: DefaultRequestHandlerV2 = DefaultRequestHandler._with(Settings(**options), **arguments)
     else:
         if kind == "wrapped":
             arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)

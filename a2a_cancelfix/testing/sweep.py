@@ -44,9 +44,9 @@ from a2a.types import (
 )
 
 from a2a_cancelfix import _sdk, checkpoints
+from a2a_cancelfix._cancel.settings import Timing
 from a2a_cancelfix.executor import CancellableExecutor
 from a2a_cancelfix.handler import DefaultRequestHandler
-from a2a_cancelfix.lifecycle import MARGIN
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing._notices import LocalNotices
@@ -72,6 +72,7 @@ RUN_BOUND = 30.0
 """Seconds the uncancelled run may take, at most."""
 PARKED_LOOKS = 0.02
 """How often replica A looks at a task parked there for a cancel that B recorded."""
+MARGIN = Timing().margin  # What our handler gives the SDK past the grace period.
 
 Factory = Callable[[], Any]
 Released = Callable[[Any], "bool | Awaitable[bool]"]
