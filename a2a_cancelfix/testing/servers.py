@@ -201,7 +201,7 @@ class Server:
     def __post_init__(self) -> None:
         saves = self.saves
         if saves is not None and isinstance(self.store, FinalStateTaskStore):
-            self.store.on_saved.append(lambda _: saves.notify())
+            self.store.subscribe(saved=lambda _: saves.notify())
 
 
 def make_server(
