@@ -570,7 +570,7 @@ CARD = AgentCard(name="w", description="w", version="1", capabilities=AgentCapab
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_sdks_warnings_point_at_the_callers_line(tmp_path: Path, kind: str) -> None:
     """No event_stream with a versioned store (UserWarning), a queue_manager (DeprecationWarning):
-    stock says so at the caller's line; so does ours (it said so at its own line in handler.py)."""
+    stock says so at the caller's line; so does ours (it said so at its own line in _handler.py)."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}")

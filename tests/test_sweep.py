@@ -16,7 +16,7 @@ import pytest
 from a2a.types import Task
 
 from a2a_cancelfix._cancel.cancellation import Cancellation
-from a2a_cancelfix.lifecycle import Lifecycle
+from a2a_cancelfix._lifecycle import Lifecycle
 from a2a_cancelfix.testing import Report, play, sweep
 from a2a_cancelfix.testing.examples import Pipeline, claim_released
 from a2a_cancelfix.tools.cli import main

@@ -20,13 +20,28 @@ if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
     from a2a.server.events.event_queue import EventQueue
 
-    from a2a_cancelfix._cancel.recording import CanceledWrite
     from a2a_cancelfix._cancel.settings import Timeline
     from a2a_cancelfix._cancel.work import Work
 
 logger = logging.getLogger("a2a_cancelfix")
 
 FAILED = TaskState.TASK_STATE_FAILED
+
+
+class CanceledWrite:
+    """One cancel's direct write: its first attempt's outcome (the task as it ends up, or what
+    the store raised), the time the answer waits for it until, and whether the answer came
+    first (then the write goes on behind it)."""
+
+    __slots__ = ("by", "first", "outlived")
+
+    def __init__(self, by: tuple[float, float]) -> None:
+        self.first: asyncio.Future[Task | Exception | None] = asyncio.get_running_loop().create_future()
+        self.by = by
+        self.outlived = False
+
+    def outlive(self) -> None:
+        self.outlived = True
 
 
 class Step(enum.IntEnum):

@@ -13,6 +13,7 @@ from a2a.types import InternalError, Task, TaskNotFoundError
 
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import Once, deadline_in, keep, wait_done, wait_patiently
+from a2a_cancelfix._cancel.cancellation import CanceledWrite
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
@@ -21,22 +22,6 @@ if TYPE_CHECKING:
     from a2a_cancelfix._cancel.cancellation import Cancellation
 
 logger = logging.getLogger("a2a_cancelfix")
-
-
-class CanceledWrite:
-    """One cancel's direct write: its first attempt's outcome (the task as it ends up, or what
-    the store raised), the time the answer waits for it until, and whether the answer came
-    first (then the write goes on behind it)."""
-
-    __slots__ = ("by", "first", "outlived")
-
-    def __init__(self, by: tuple[float, float]) -> None:
-        self.first: asyncio.Future[Task | Exception | None] = asyncio.get_running_loop().create_future()
-        self.by = by
-        self.outlived = False
-
-    def outlive(self) -> None:
-        self.outlived = True
 
 
 class CanceledWrites:

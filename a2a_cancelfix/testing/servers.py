@@ -36,9 +36,9 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix._cancel.settings import Settings
-from a2a_cancelfix.executor import CancellableExecutor
-from a2a_cancelfix.handler import DefaultRequestHandler
-from a2a_cancelfix.patching import is_patched
+from a2a_cancelfix._executor import CancellableExecutor
+from a2a_cancelfix._handler import DefaultRequestHandler
+from a2a_cancelfix._patching import is_patched
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor

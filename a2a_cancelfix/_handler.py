@@ -37,13 +37,13 @@ from a2a_cancelfix._cancel.settings import (
     DEFAULT_POLL_INTERVAL,
     Settings,
 )
+from a2a_cancelfix._executor import CancellableExecutor, raised_by_execute, require_executor
+from a2a_cancelfix._lifecycle import Lifecycle
+from a2a_cancelfix._push import BackgroundPushSender
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
+from a2a_cancelfix._unwatched import Observer
 from a2a_cancelfix.checkpoints import Probe
-from a2a_cancelfix.executor import CancellableExecutor, raised_by_execute, require_executor
-from a2a_cancelfix.lifecycle import Lifecycle
-from a2a_cancelfix.push import BackgroundPushSender
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
-from a2a_cancelfix.unwatched import Observer
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -98,8 +98,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         shutdown_drain_time: seconds that ``aclose()`` takes at most: it sends the pushes
             queued behind the runs and tries each pending CANCELED write once more meanwhile,
             and logs a WARNING naming each task whose pushes or write it could not finish.
-        probe: for ``a2a_cancelfix.testing``'s sweep, which sees each run's cancel points
-            (see `a2a_cancelfix.checkpoints.Probe`); leave it unset.
 
     Each handler has its cancels to itself: given a `CancellableExecutor`, it uses the
     executor inside it with its own options, whatever the proxy was built with.
@@ -120,7 +118,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         cancel_unwatched_after: float | None = None,
         cancel_unwatched_parked: bool = False,
         shutdown_drain_time: float = DEFAULT_DRAIN_TIME,
-        probe: Probe | None = None,
         **kwargs: Any,
     ) -> None:
         settings = Settings(
@@ -133,16 +130,22 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             shutdown_drain_time=shutdown_drain_time,
         )
         DefaultRequestHandler._set_up(
-            self, settings, probe, agent_executor, args, kwargs
+            self, settings, None, agent_executor, args, kwargs
         )  # Patched: the SDK's class.
 
     @classmethod
     def _with(
-        cls, settings: Settings, agent_executor: AgentExecutor, *args: Any, **kwargs: Any
+        cls,
+        settings: Settings,
+        agent_executor: AgentExecutor,
+        *args: Any,
+        probe: Probe | None = None,
+        **kwargs: Any,
     ) -> DefaultRequestHandler:
-        """A handler with ``settings`` as they are (the testing kit's: its `Timing` too)."""
+        """The testing kit's handler: ``settings`` as they are (a `Timing` too), and its sweep's
+        ``probe``, which sees each run's cancel points (see `a2a_cancelfix.checkpoints.Probe`)."""
         handler = cls.__new__(cls)
-        handler._set_up(settings, None, agent_executor, args, kwargs)
+        handler._set_up(settings, probe, agent_executor, args, kwargs)
         return handler
 
     def _set_up(

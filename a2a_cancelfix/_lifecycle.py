@@ -28,9 +28,9 @@ from a2a_cancelfix._cancel.queues import CancelQueue
 from a2a_cancelfix._cancel.recording import CanceledWrites
 from a2a_cancelfix._cancel.settings import Settings, Timeline
 from a2a_cancelfix._cancel.work import Work
+from a2a_cancelfix._replicas import RemoteCancels
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
-from a2a_cancelfix.replicas import RemoteCancels
-from a2a_cancelfix.unwatched import Watchers
+from a2a_cancelfix._unwatched import Watchers
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
@@ -45,7 +45,7 @@ logger = logging.getLogger("a2a_cancelfix")
 
 
 class Lifecycle:
-    """Every cancel of one executor's tasks, from any origin, in the README's order (steps 1-8).
+    """Every cancel of one executor's tasks, from any origin, through the steps of `Step`.
 
     Built once, with all it needs: by our handler (``handler``: the SDK's handler whose
     registry, store and own cancel it uses; ``store``: the task store the handler was given),
@@ -205,7 +205,7 @@ class Lifecycle:
 
     async def unwatched(self, task: Task, active: Any, caller: ServerCallContext, after: float) -> None:
         """Cancel ``task``, whose run here is ``active``, as a client's cancel would: nobody
-        watched it for ``after`` seconds (see unwatched.py)."""
+        watched it for ``after`` seconds (see _unwatched.py)."""
         if task.id in self.cancellations:
             return
         cancellation = self._begin(task.id, Cancellation.unwatched, task.id, after)

@@ -25,16 +25,16 @@ from a2a.types import Task, TaskStatusUpdateEvent
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep, wait_set
 from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
+from a2a_cancelfix._unwatched import WATCHED
 from a2a_cancelfix.notices import keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
-from a2a_cancelfix.unwatched import WATCHED
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers import DefaultRequestHandlerV2
 
+    from a2a_cancelfix._unwatched import Watchers
     from a2a_cancelfix.checkpoints import Run
-    from a2a_cancelfix.unwatched import Watchers
 
 logger = logging.getLogger("a2a_cancelfix")
 
