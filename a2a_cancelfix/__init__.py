@@ -1,5 +1,8 @@
 """Task cancellation that always ends, promptly and observably, for a2a-sdk 1.x servers."""
 
+from a2a_cancelfix._executor import CancellableExecutor
+from a2a_cancelfix._handler import DefaultRequestHandler
+from a2a_cancelfix._patching import patch, unpatch
 from a2a_cancelfix.checkpoints import (
     RunCancelled,
     cancel_requested,
@@ -8,9 +11,6 @@ from a2a_cancelfix.checkpoints import (
     on_cancel,
     shielded,
 )
-from a2a_cancelfix.executor import CancellableExecutor
-from a2a_cancelfix.handler import DefaultRequestHandler
-from a2a_cancelfix.patching import patch, unpatch
 from a2a_cancelfix.store import FinalStateTaskStore
 
 DefaultRequestHandlerV2 = DefaultRequestHandler

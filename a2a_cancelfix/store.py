@@ -60,7 +60,7 @@ and SQLite takes its write lock), then reads the stored state, and refuses over 
 no task row, no version bump, no journal row. A refused save of another terminal state raises
 ``ConcurrentTaskModificationError``, the SDK's own signal: it reloads, and tells its subscribers
 the stored task. A refused non-terminal save, or one of the terminal state stored already,
-returns the stored version: the run is left for our handler to cancel (``on_final``), and the
+returns the stored version: the run is left for our handler to cancel (``subscribe``), and the
 CANCELED it then publishes reaches its streams and push configs through the SDK's consumer.
 """
 
@@ -121,12 +121,8 @@ class FinalStateTaskStore(TaskStore):
             self.__class__ = _versioned_class(type(self))
         self.wrapped = store
         self.notices = notices_for(store, notices)
-        # Set by our handler: told the id of each task whose save was refused because the
-        # stored task had ended; a run on this replica learns so that another one ended it.
-        self.on_final: list[Callable[[str], None]] = []
-        # Told the id of each task after each save of it, written or refused: for waits on
-        # what the store shows (the testing kit's), which then look again instead of polling.
-        self.on_saved: list[Callable[[str], None]] = []
+        self._told_refused: list[Callable[[str], None]] = []  # See `subscribe`.
+        self._told_saved: list[Callable[[str], None]] = []
         self._guarded = self._guard(store)
         # The SDK saves every event and reads the task on every request: bound here, each is
         # one call, not a method that calls another (a subclass's own methods still come first).
@@ -151,6 +147,27 @@ class FinalStateTaskStore(TaskStore):
             f"a2a-sdk 1.2+, a VersionedDatabaseTaskStore), not {type(store).__name__}"
         )
 
+    def subscribe(
+        self, *, refused: Callable[[str], None] | None = None, saved: Callable[[str], None] | None = None
+    ) -> Callable[[], None]:
+        """Be told a task's id: ``refused``, for each save refused over the end it holds (another
+        replica ended the task); ``saved``, after each save, written or refused (for waits on
+        what the store shows). Returns what ends the subscription."""
+        told = [
+            (listeners, listener)
+            for listeners, listener in ((self._told_refused, refused), (self._told_saved, saved))
+            if listener is not None
+        ]
+        for listeners, listener in told:
+            listeners.append(listener)
+
+        def unsubscribe() -> None:
+            for listeners, listener in told:
+                if listener in listeners:
+                    listeners.remove(listener)
+
+        return unsubscribe
+
     def save(self, task: Task, context: ServerCallContext) -> Awaitable[None]:  # type: ignore[override]
         """Save ``task``, unless the stored task is terminal: then log and leave it as it is."""
         # What a subclass's save reaches through super(); the store's own is bound in __init__.
@@ -163,16 +180,16 @@ class FinalStateTaskStore(TaskStore):
             self._refused(task, stored)
         elif task.status.state == CANCELED and self.notices is not None:
             await self.notices.announce(task.id)
-        self._told_saved(task)
+        self._tell_saved(task)
 
-    def _told_saved(self, task: Task) -> None:
-        for saved in self.on_saved:
+    def _tell_saved(self, task: Task) -> None:
+        for saved in self._told_saved:
             saved(task.id)
 
     def _refused(self, task: Task, stored: int) -> None:
         """Tell our handler, and log, that a save over the ended task was refused."""
-        for noticed in self.on_final:
-            noticed(task.id)
+        for refused in self._told_refused:
+            refused(task.id)
         _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
         logger.log(
             _refusal_level(stored, task.status.state),
@@ -334,8 +351,8 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
                     owned[task_id] = task
         if stored is not None or guard.notices is not None:
             await guard._saved(task, stored)
-        elif guard.on_saved:
-            guard._told_saved(task)
+        elif guard._told_saved:
+            guard._tell_saved(task)
 
     return save
 
@@ -450,7 +467,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
                     version = await self._guarded(task, event, prev_version, owner)
                     break
                 except _Refused as refused:
-                    self._told_saved(task)
+                    self._tell_saved(task)
                     return self._refused_versioned(task, refused)
                 except DBAPIError as error:
                     if not _sdk.is_transient(error) or attempts >= most:
@@ -458,7 +475,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
                     await asyncio.sleep(delay * attempts)
             if task.status.state == CANCELED and self.notices is not None:
                 await self.notices.announce(task.id)
-            self._told_saved(task)
+            self._tell_saved(task)
             return version
 
         def _refused_versioned(self, task: Task, refused: _Refused) -> Any:

@@ -480,12 +480,12 @@ class Announcements(CancelNotices):
 
 @pytest.mark.asyncio
 async def test_a_recorded_cancel_is_announced_and_a_refused_save_told(database: Database) -> None:
-    """Recording CANCELED announces it in its transaction, then after commit; a refusal calls on_final."""
+    """Recording CANCELED announces it in its transaction, then after commit; a refusal tells its subscribers."""
     notices = Announcements()
     sdk_store = VersionedDatabaseTaskStore(database.engine())
     store = FinalStateTaskStore(sdk_store, notices=notices)
     told: list[str] = []
-    store.on_final.append(told.append)
+    store.subscribe(refused=told.append)
     alice, working, canceled = caller("alice"), task_in(WORKING), task_in(CANCELED)
     version = await store.save(
         working, event=None, prev=None, prev_version=TaskVersion.MISSING, context=alice
@@ -556,7 +556,7 @@ async def test_a_versioned_database_store_is_wrapped_as_a_versioned_store(databa
     store = FinalStateTaskStore(VersionedDatabaseTaskStore(database.engine()))
     assert isinstance(store, FinalStateTaskStore) and isinstance(store, VersionedTaskStore)
     server = await replica(database, "ours", ScriptedExecutor())
-    assert server.store.on_final == [server.handler._remote.refused]
+    assert server.store._told_refused == [server.handler._remote.refused]
     with pytest.raises(TypeError, match="VersionedDatabaseTaskStore"):
         FinalStateTaskStore(LegacyTaskStoreAdapter(InMemoryTaskStore()))
 
@@ -570,7 +570,7 @@ CARD = AgentCard(name="w", description="w", version="1", capabilities=AgentCapab
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_sdks_warnings_point_at_the_callers_line(tmp_path: Path, kind: str) -> None:
     """No event_stream with a versioned store (UserWarning), a queue_manager (DeprecationWarning):
-    stock says so at the caller's line; so does ours (it said so at its own line in handler.py)."""
+    stock says so at the caller's line; so does ours (it said so at its own line in _handler.py)."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}")

@@ -22,7 +22,7 @@ from a2a.utils.errors import A2AError, InternalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk
-from a2a_cancelfix import lifecycle as lifecycle_module
+from a2a_cancelfix._cancel.settings import Timing
 from a2a_cancelfix._sdk import state_name
 from a2a_cancelfix.testing import (
     ScriptedExecutor,
@@ -41,7 +41,7 @@ from .test_replicas import outcome_within
 from .test_store import CANCELED, PG_DSN, WORKING, Database, make_task, open_database
 
 # The whole cancel's bound: the grace period, the SDK's margin, the direct write's margin.
-ANSWER_BOUND = GRACE + 2 * lifecycle_module.MARGIN
+ANSWER_BOUND = GRACE + 2 * Timing().margin
 # What the caller is told while the CANCELED write waits for the store.
 NOT_YET = "has not recorded CANCELED yet"
 SLACK = 1.0

@@ -28,7 +28,8 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import CancellableExecutor, DefaultRequestHandler, FinalStateTaskStore, _sdk
-from a2a_cancelfix import lifecycle as lifecycle_module
+from a2a_cancelfix._cancel.queues import CancelQueue
+from a2a_cancelfix._cancel.settings import Timing
 from a2a_cancelfix.testing import (
     BOUND,
     Changes,
@@ -56,6 +57,7 @@ from .support import CompletionHeld, logged, set_within, tasks_since
 
 # A cancel must return within the grace period plus this.
 SLACK = 1.5
+MARGIN = Timing().margin
 
 
 async def cancel_task(server: Server, task_id: str) -> object:
@@ -99,9 +101,7 @@ async def test_handlers_sharing_a_wrapped_executor_each_keep_their_grace_period(
     sent = Stream(quick.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     await sent.until(lambda: sent.last == "WORKING")
     # Within its own 0.2 s and the SDK's margin: the slow handler's 4 s would fail here.
-    assert (
-        await within(cancel(quick, quick.executor.task_id), 0.2 + lifecycle_module.MARGIN + 1.0) == "CANCELED"
-    )
+    assert await within(cancel(quick, quick.executor.task_id), 0.2 + MARGIN + 1.0) == "CANCELED"
 
 
 @pytest.mark.parametrize(
@@ -274,7 +274,7 @@ async def test_a_run_that_can_close_itself_is_not_forced_after_the_margin(caplog
         # The passing of time is under test: the margin's timer forces the run closed up to
         # a2a-sdk 1.2.2, so the force-close is waited for; from 1.2.3 nothing may force it
         # for that long, so the whole margin passes.
-        forced = await set_within(force_closed, lifecycle_module.MARGIN + 0.3)
+        forced = await set_within(force_closed, MARGIN + 0.3)
         closing.open()
         await eventually(run_gone)
     if _sdk.RUNS_CLOSE_THEMSELVES:
@@ -492,11 +492,10 @@ async def test_a_loop_running_late_does_not_force_a_run_the_sdk_is_recording(
     """The SDK's margin to record CANCELED counts the loop's time: a loop held up past it (as
     by thousands of cancels at once) must not make the cancel write CANCELED around the run
     and force it closed, which would take the event from the streams waiting for it."""
-    monkeypatch.setattr(lifecycle_module, "MARGIN", 0.05)
-    server = make_server("ours", ScriptedExecutor())
+    server = make_server("ours", ScriptedExecutor(), timing=Timing(margin=0.05))
     stream = await start(server)
     loop, saving = asyncio.get_running_loop(), Gate()
-    save, publish = server.store.save, lifecycle_module._CancelQueue.publish
+    save, publish = server.store.save, CancelQueue.publish
 
     async def held_save(task, *args, **kwargs):  # The SDK's save of CANCELED waits for the hold.
         if task.status.state == _sdk.CANCELED:
@@ -516,7 +515,7 @@ async def test_a_loop_running_late_does_not_force_a_run_the_sdk_is_recording(
         return published
 
     monkeypatch.setattr(server.store, "save", held_save)
-    monkeypatch.setattr(lifecycle_module._CancelQueue, "publish", publish_then_hold)
+    monkeypatch.setattr(CancelQueue, "publish", publish_then_hold)
     with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
         assert await within(cancel(server, server.executor.task_id or "")) == "CANCELED"
     assert saving.reached.is_set()
@@ -701,7 +700,7 @@ async def test_a_canceled_the_store_failed_to_record_is_recorded_once_it_recover
     sent = await start(server)
     task_id = server.executor.task_id
     with pytest.raises(A2AError):
-        await within(server.calls.cancel(task_id, "alice"), GRACE + 2 * lifecycle_module.MARGIN + SLACK)
+        await within(server.calls.cancel(task_id, "alice"), GRACE + 2 * MARGIN + SLACK)
     assert await sent.ended()
     assert sent.error is None or isinstance(sent.error, A2AError), repr(sent.error)
     assert server.executor.stopped.is_set()

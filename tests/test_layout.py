@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pkgutil
 import re
 import subprocess
@@ -96,6 +97,36 @@ def test_a_public_module_exports_exactly_its_documented_names(module: str) -> No
     assert not undocumented, f"{module} exports names the docs do not name: {undocumented}"
 
 
+def test_every_runtime_module_that_is_not_public_is_named_private() -> None:
+    """The layout says what is API: a runtime module or package is public, with its ``__all__``,
+    or its name starts with ``_``."""
+    modules = {
+        f"a2a_cancelfix.{module.name}"
+        for module in pkgutil.iter_modules(a2a_cancelfix.__path__)
+        if module.name not in ("__main__", "tools")
+    }
+    unmarked = sorted(m for m in modules if m not in PUBLIC and not m.rsplit(".", 1)[1].startswith("_"))
+    assert unmarked == []
+
+
+def test_the_handlers_constructor_has_no_test_hook() -> None:
+    """Only the SDK's arguments and our documented options: the kit's hooks are private."""
+    options = set(inspect.signature(a2a_cancelfix.DefaultRequestHandler.__init__).parameters)
+    assert options == {
+        "self",
+        "agent_executor",
+        "args",
+        "kwargs",
+        "cancel_grace_period",
+        "on_parked",
+        "on_canceled",
+        "replica_poll_interval",
+        "cancel_unwatched_after",
+        "cancel_unwatched_parked",
+        "shutdown_drain_time",
+    }
+
+
 @pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
     """Importing every runtime module, in a fresh interpreter, loads nothing of tools/ or testing/."""
@@ -108,7 +139,7 @@ def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert "a2a_cancelfix.handler" in RUNTIME and "a2a_cancelfix._sdk" in RUNTIME
+    assert "a2a_cancelfix._handler" in RUNTIME and "a2a_cancelfix._sdk" in RUNTIME
     assert loaded.stdout.strip() == "[]"
 
 
@@ -126,23 +157,17 @@ def test_python_dash_m_runs_the_command() -> None:
 
 
 # Every attribute the package assigns on an object other than ``self`` or ``cls``, by module:
-# each on an object its own module defines or builds (and, in patching.py, the SDK's class,
+# each on an object its own module defines or builds (and, in _patching.py, the SDK's class,
 # which is what patch() is for). A new one fails here, so that an object is given what it
 # needs when it is built, not configured from another module afterwards.
 ASSIGNED_ELSEWHERE = {
     ("_sdk.py", "canceled.status.state"),  # a Task it has just copied
     ("checkpoints.py", "run.unwinding"),  # Run
-    ("executor.py", "proxy._self_lifecycle"),  # the proxy its _of() builds
-    ("lifecycle.py", "cancellation.path"),  # Cancellation
-    ("lifecycle.py", "cancellation.message"),
-    ("lifecycle.py", "cancellation.recorded"),
-    ("lifecycle.py", "cancellation.write_by"),
-    ("lifecycle.py", "cancellation.writing"),
-    ("lifecycle.py", "cancellation.write_outlived"),
-    ("lifecycle.py", "run.task_ended"),  # Work, by its RunQueue
-    ("patching.py", "sdk.__init__"),
-    ("patching.py", "setattr(sdk, ...)"),
-    ("patching.py", "DefaultRequestHandlerV2.__init__"),
+    ("_executor.py", "proxy._self_lifecycle"),  # the proxy its _of() builds
+    ("_cancel/queues.py", "run.task_ended"),  # Work, by its RunQueue
+    ("_patching.py", "sdk.__init__"),
+    ("_patching.py", "setattr(sdk, ...)"),
+    ("_patching.py", "DefaultRequestHandlerV2.__init__"),
     ("store.py", "VersionedFinalStateTaskStore.__qualname__"),  # the class it makes
     ("testing/_probe.py", "probe._in_enqueue"),  # Probe
     ("testing/servers.py", "server.calls"),  # Server
@@ -150,7 +175,7 @@ ASSIGNED_ELSEWHERE = {
     ("testing/sweep.py", "row.expected"),
     ("testing/sweep.py", "row.answer"),
     ("testing/sweep.py", "row.scenario"),
-    ("unwatched.py", "sender.task_id"),  # Observer
+    ("_unwatched.py", "sender.task_id"),  # Observer
 }
 
 

@@ -34,7 +34,8 @@ from a2a_cancelfix import (
     cancellable,
     on_cancel,
 )
-from a2a_cancelfix.lifecycle import MARGIN, Lifecycle, Settings
+from a2a_cancelfix._cancel.cancellation import Cancellation
+from a2a_cancelfix._cancel.settings import Settings, Timing
 from a2a_cancelfix.testing import (
     Gate,
     ScriptedExecutor,
@@ -187,7 +188,7 @@ async def test_the_deadline_is_fixed_by_the_first_request() -> None:
     driver.cancel()  # Its client went away.
     assert await within(joined, GRACE + SLACK) == "CANCELED"
     assert cancellation.deadline == deadline
-    assert loop.time() < deadline + MARGIN
+    assert loop.time() < deadline + Timing().margin
 
 
 @pytest.mark.asyncio
@@ -214,9 +215,8 @@ async def test_the_sdks_margin_is_fixed_by_the_first_wait(monkeypatch: pytest.Mo
     the margin counts once, from when the work first stopped, not again from each wait."""
     clock = [100.0]
     monkeypatch.setattr(asyncio.get_running_loop(), "time", lambda: clock[0])
-    cancellation = Lifecycle(ScriptedExecutor(), Settings(cancel_grace_period=1.0)).begin(
-        "task"
-    )  # Deadline 101.
+    timeline = Settings(cancel_grace_period=1.0).timeline()  # Deadline 101.
+    cancellation = Cancellation.requested("task", ScriptedExecutor(), None, timeline)
     asked: list[float] = []
 
     async def wait(deadline: float) -> bool:
@@ -227,7 +227,7 @@ async def test_the_sdks_margin_is_fixed_by_the_first_wait(monkeypatch: pytest.Mo
     assert await cancellation.settled(wait) is True
     clock[0] = 102.5  # The first caller left; the resumed drive waits again.
     assert await cancellation.settled(wait) is True
-    assert asked == [102.0 + MARGIN, 102.0 + MARGIN]
+    assert asked == [102.0 + Timing().margin] * 2
 
 
 @pytest.mark.asyncio

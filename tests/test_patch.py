@@ -15,8 +15,8 @@ from a2a.types import SendMessageRequest, UnsupportedOperationError
 
 import a2a_cancelfix
 from a2a_cancelfix import FinalStateTaskStore, _sdk
-from a2a_cancelfix import handler as handler_module
-from a2a_cancelfix.lifecycle import DEFAULT_GRACE_PERIOD
+from a2a_cancelfix import _handler as handler_module
+from a2a_cancelfix._cancel.settings import DEFAULT_GRACE_PERIOD
 from a2a_cancelfix.testing import (
     ScriptedExecutor,
     Server,
@@ -252,7 +252,7 @@ async def test_a_message_to_an_ended_task_is_refused_under_patch(patched: None, 
 def test_patch_puts_every_method_our_handler_overrides() -> None:
     """Each request method our handler overrides (the push config deletion, which starts the
     unwatched clock, among them) is what a patched SDK handler runs too."""
-    from a2a_cancelfix import patching
+    from a2a_cancelfix import _patching as patching
 
     ours = handler_module.DefaultRequestHandler.__dict__
     overridden = {

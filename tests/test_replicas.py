@@ -159,11 +159,12 @@ async def test_a_closed_handler_leaves_no_callback_on_the_shared_store() -> None
     store = FinalStateTaskStore(InMemoryTaskStore())
     a = make_server("ours", ScriptedExecutor(), store=store)
     b = make_server("ours", ScriptedExecutor(), store=store)
-    assert store.on_final == [a.handler._remote.refused, b.handler._remote.refused]
+    told = store._told_refused
+    assert told == [a.handler._remote.refused, b.handler._remote.refused]
     await within(a.handler.aclose())
-    assert store.on_final == [b.handler._remote.refused]
+    assert told == [b.handler._remote.refused]
     await within(b.handler.aclose())
-    assert store.on_final == []
+    assert told == []
 
 
 @pytest.mark.asyncio

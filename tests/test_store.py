@@ -434,7 +434,7 @@ async def any_sdk_store(request: pytest.FixtureRequest, tmp_path: Path) -> Async
 
 @pytest.mark.asyncio
 async def test_every_save_is_told_written_or_refused(any_sdk_store: Any) -> None:
-    """``on_saved`` hears of each save once it is over, written or refused, on every store the
+    """A ``saved`` subscriber hears of each save once it is over, written or refused, on every store the
     guard wraps: what the testing kit's waits on GetTask look again at."""
     store, alice = FinalStateTaskStore(any_sdk_store), caller("alice")
     told: list[tuple[str, str | None]] = []
@@ -447,7 +447,7 @@ async def test_every_save_is_told_written_or_refused(any_sdk_store: Any) -> None
     def saved(task_id: str) -> None:
         told.append((task_id, None))
 
-    store.on_saved.append(saved)
+    store.subscribe(saved=saved)
     states = (WORKING, CANCELED, COMPLETED)
     if _sdk.is_versioned_database_store(any_sdk_store):
         from a2a.server.cluster import ConcurrentTaskModificationError, TaskVersion

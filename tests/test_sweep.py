@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from a2a.types import Task
 
-from a2a_cancelfix.lifecycle import Lifecycle
+from a2a_cancelfix._cancel.cancellation import Cancellation
+from a2a_cancelfix._lifecycle import Lifecycle
 from a2a_cancelfix.testing import Report, play, sweep
 from a2a_cancelfix.testing.examples import Pipeline, claim_released
 from a2a_cancelfix.tools.cli import main
@@ -201,7 +202,8 @@ async def test_an_unwatched_cancel_must_say_why(monkeypatch: pytest.MonkeyPatch)
     """Cancelled as a client's cancel is, without the reason: the row fails on the status."""
 
     async def unsaid(self: Lifecycle, task: Task, active: object, caller: object, after: float) -> None:
-        await self._drive(self.begin(task.id), task, active, caller)  # type: ignore[arg-type]
+        cancellation = self._begin(task.id, Cancellation.requested, task.id)
+        await self._drive(cancellation, task, active, caller)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Lifecycle, "unwatched", unsaid)
     report = await swept(Pipeline, origins=("unwatched",), released=claim_released)

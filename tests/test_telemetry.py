@@ -27,7 +27,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from a2a_cancelfix import FinalStateTaskStore, lifecycle
+from a2a_cancelfix import FinalStateTaskStore
+from a2a_cancelfix._cancel.settings import Timing
 from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
 from a2a_cancelfix.tools import scenarios
 
@@ -334,14 +335,15 @@ async def test_a_remote_cancel_is_noticed_in_a_span_of_its_own(recorder: Recorde
 
 @pytest.mark.asyncio
 async def test_a_forced_teardown_is_a_span_under_the_cancel(
-    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An execute() that swallows the cancel holds its run after the answer; the run's forced
     close, behind the answer, is recorded under the cancel's span."""
-    monkeypatch.setattr(lifecycle, "PATIENCE", 0.05)
 
     async def swallows(bench: Bench) -> str:
-        server = await bench.server(ScriptedExecutor(swallow=True), cancel_grace_period=0.05)
+        server = await bench.server(
+            ScriptedExecutor(swallow=True), cancel_grace_period=0.05, timing=Timing(patience=0.05)
+        )
         await start(server)
         try:
             with caplog.at_level(logging.DEBUG, "a2a_cancelfix"), logged("force-closed") as forced:

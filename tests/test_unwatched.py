@@ -29,7 +29,7 @@ from a2a.types import (
 )
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, cancellable, on_cancel
-from a2a_cancelfix.lifecycle import Settings
+from a2a_cancelfix._cancel.settings import Settings
 from a2a_cancelfix.notices import CancelNotices
 from a2a_cancelfix.testing import Gate, Stream, caller, make_server, message, stored, within
 from a2a_cancelfix.testing.servers import Server

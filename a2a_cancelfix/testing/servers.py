@@ -30,10 +30,11 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
+from a2a_cancelfix._cancel.settings import Settings
+from a2a_cancelfix._executor import CancellableExecutor
+from a2a_cancelfix._handler import DefaultRequestHandler
+from a2a_cancelfix._patching import is_patched
 from a2a_cancelfix._sdk import push_sender
-from a2a_cancelfix.executor import CancellableExecutor
-from a2a_cancelfix.handler import DefaultRequestHandler
-from a2a_cancelfix.patching import is_patched
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor
@@ -196,7 +197,7 @@ class Server:
     def __post_init__(self) -> None:
         saves = self.saves
         if saves is not None and isinstance(self.store, FinalStateTaskStore):
-            self.store.on_saved.append(lambda _: saves.notify())
+            self.store.subscribe(saved=lambda _: saves.notify())
 
 
 def make_server(
@@ -240,7 +241,8 @@ def make_server(
         arguments["push_sender"] = push_sender(receiver.client, configs, caller(owner))
     if kind == "ours":
         options.setdefault("cancel_grace_period", GRACE)
-        handler: DefaultRequestHandlerV2 = DefaultRequestHandler(**arguments, **options)
+        # Settings, not the handler's keywords: they take a `Timing` too.
+        handler: DefaultRequestHandlerV2 = DefaultRequestHandler._with(Settings(**options), **arguments)
     else:
         if kind == "wrapped":
             arguments["agent_executor"] = CancellableExecutor(executor, grace_period=GRACE)

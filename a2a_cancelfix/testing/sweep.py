@@ -43,9 +43,9 @@ from a2a.types import (
 )
 
 from a2a_cancelfix import _sdk, checkpoints
-from a2a_cancelfix.executor import CancellableExecutor
-from a2a_cancelfix.handler import DefaultRequestHandler
-from a2a_cancelfix.lifecycle import MARGIN
+from a2a_cancelfix._cancel.settings import Settings, Timing
+from a2a_cancelfix._executor import CancellableExecutor
+from a2a_cancelfix._handler import DefaultRequestHandler
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing._notices import LocalNotices
@@ -71,6 +71,7 @@ RUN_BOUND = 30.0
 """Seconds the uncancelled run may take, at most."""
 PARKED_LOOKS = 0.02
 """How often replica A looks at a task parked there for a cancel that B recorded."""
+MARGIN = Timing().margin  # What our handler gives the SDK past the grace period.
 
 Factory = Callable[[], Any]
 Released = Callable[[Any], "bool | Awaitable[bool]"]
@@ -389,15 +390,18 @@ class _World:
     ) -> DefaultRequestHandler:
         card = _wire.agent_card("jsonrpc", "http://127.0.0.1/")
         sender = _sdk.push_sender(self.push.client, self.configs, caller())
-        return DefaultRequestHandler(
+        settings = Settings(
+            cancel_grace_period=self.plan.grace_period,
+            replica_poll_interval=poll,  # A run looks at every point: the probe sees to it.
+            cancel_unwatched_after=UNWATCHED_AFTER if self.unwatched and probe is not None else None,
+        )
+        return DefaultRequestHandler._with(
+            settings,
             executor,
             task_store=self.store,
             agent_card=card,
             push_config_store=self.configs,
             push_sender=None if self.unwatched else sender,  # Nobody to post to (1.0.0 would try "").
-            cancel_grace_period=self.plan.grace_period,
-            replica_poll_interval=poll,  # A run looks at every point: the probe sees to it.
-            cancel_unwatched_after=UNWATCHED_AFTER if self.unwatched and probe is not None else None,
             probe=probe,
         )
 

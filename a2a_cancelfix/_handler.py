@@ -31,14 +31,19 @@ from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._aio import deadline_in, keep, wait_done
+from a2a_cancelfix._cancel.settings import (
+    DEFAULT_DRAIN_TIME,
+    DEFAULT_GRACE_PERIOD,
+    DEFAULT_POLL_INTERVAL,
+    Settings,
+)
+from a2a_cancelfix._executor import CancellableExecutor, raised_by_execute, require_executor
+from a2a_cancelfix._lifecycle import Lifecycle
+from a2a_cancelfix._push import BackgroundPushSender
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
+from a2a_cancelfix._unwatched import Observer
 from a2a_cancelfix.checkpoints import Probe
-from a2a_cancelfix.executor import CancellableExecutor, raised_by_execute, require_executor
-from a2a_cancelfix.lifecycle import DEFAULT_DRAIN_TIME, DEFAULT_GRACE_PERIOD, MARGIN, Lifecycle, Settings
-from a2a_cancelfix.push import BackgroundPushSender
-from a2a_cancelfix.replicas import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
-from a2a_cancelfix.unwatched import Observer
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -93,8 +98,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         shutdown_drain_time: seconds that ``aclose()`` takes at most: it sends the pushes
             queued behind the runs and tries each pending CANCELED write once more meanwhile,
             and logs a WARNING naming each task whose pushes or write it could not finish.
-        probe: for ``a2a_cancelfix.testing``'s sweep, which sees each run's cancel points
-            (see `a2a_cancelfix.checkpoints.Probe`); leave it unset.
 
     Each handler has its cancels to itself: given a `CancellableExecutor`, it uses the
     executor inside it with its own options, whatever the proxy was built with.
@@ -115,10 +118,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         cancel_unwatched_after: float | None = None,
         cancel_unwatched_parked: bool = False,
         shutdown_drain_time: float = DEFAULT_DRAIN_TIME,
-        probe: Probe | None = None,
         **kwargs: Any,
     ) -> None:
-        require_executor("agent_executor", agent_executor)
         settings = Settings(
             cancel_grace_period,
             replica_poll_interval,
@@ -128,6 +129,34 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             cancel_unwatched_parked=cancel_unwatched_parked,
             shutdown_drain_time=shutdown_drain_time,
         )
+        DefaultRequestHandler._set_up(
+            self, settings, None, agent_executor, args, kwargs
+        )  # Patched: the SDK's class.
+
+    @classmethod
+    def _with(
+        cls,
+        settings: Settings,
+        agent_executor: AgentExecutor,
+        *args: Any,
+        probe: Probe | None = None,
+        **kwargs: Any,
+    ) -> DefaultRequestHandler:
+        """The testing kit's handler: ``settings`` as they are (a `Timing` too), and its sweep's
+        ``probe``, which sees each run's cancel points (see `a2a_cancelfix.checkpoints.Probe`)."""
+        handler = cls.__new__(cls)
+        handler._set_up(settings, probe, agent_executor, args, kwargs)
+        return handler
+
+    def _set_up(
+        self,
+        settings: Settings,
+        probe: Probe | None,
+        agent_executor: AgentExecutor,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        require_executor("agent_executor", agent_executor)
         _sdk.warn_if_unsupported()
         if isinstance(agent_executor, CancellableExecutor):
             agent_executor = agent_executor.__wrapped__
@@ -156,13 +185,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             warnings.simplefilter("always")
             _sdk_init(*arguments.args, **arguments.kwargs)
         for warning in raised:
-            warnings.warn(warning.message, warning.category, stacklevel=2)
+            warnings.warn(warning.message, warning.category, stacklevel=3)
         remote = self._lifecycle.remote
         assert remote is not None  # Built with the handler.
         self._remote = remote
         self.cancel_grace_period = settings.cancel_grace_period
-        self.on_parked = on_parked
-        self.on_canceled = on_canceled
+        self.on_parked = settings.on_parked
+        self.on_canceled = settings.on_canceled
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
@@ -207,7 +236,11 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         write did not finish in that time."""
         deadline = deadline_in(self._lifecycle.settings.shutdown_drain_time)
         await self._remote.aclose()
-        closing = keep(_sdk_close(self) if _sdk_close is not None else _sdk.close_runs(self, MARGIN))
+        closing = keep(
+            _sdk_close(self)
+            if _sdk_close is not None
+            else _sdk.close_runs(self, self._lifecycle.settings.timing.margin)
+        )
         drains = [self._lifecycle.drain(deadline)]
         if self._pushes is not None:
             drains.append(self._pushes.drain(deadline))

@@ -19,8 +19,8 @@ from typing import Any
 from a2a.server.request_handlers import DefaultRequestHandlerV2
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix.handler import DefaultRequestHandler
-from a2a_cancelfix.lifecycle import Settings
+from a2a_cancelfix._cancel.settings import Settings
+from a2a_cancelfix._handler import DefaultRequestHandler
 
 logger = logging.getLogger("a2a_cancelfix")
 

@@ -1,7 +1,7 @@
 """How a replica learns that another one cancelled a task it runs, or holds parked.
 
 Three ways, one outcome. A notice (PostgreSQL's NOTIFY, Redis pub/sub: notices.py) says "look
-now"; so does a save the store refused over the stored end (``FinalStateTaskStore.on_final``);
+now"; so does a save the store refused over the stored end (``FinalStateTaskStore.subscribe``);
 and while no notices are heard, a run's checkpoints poll the store and the parked tasks are
 looked at once per interval. Every look reads the store, which stays the truth; one that finds
 CANCELED carries the cancel out here, through the same lifecycle as a cancel asked for here.
@@ -24,23 +24,23 @@ from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep, wait_set
+from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
+from a2a_cancelfix._unwatched import WATCHED
 from a2a_cancelfix.notices import keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
-from a2a_cancelfix.unwatched import WATCHED
 
 if TYPE_CHECKING:
     from a2a.server.context import ServerCallContext
     from a2a.server.request_handlers import DefaultRequestHandlerV2
 
+    from a2a_cancelfix._unwatched import Watchers
     from a2a_cancelfix.checkpoints import Run
-    from a2a_cancelfix.unwatched import Watchers
 
 logger = logging.getLogger("a2a_cancelfix")
 
 # A terminal event a stream or a sender hands on: as_stored answers with one of the same type.
 Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 
-DEFAULT_POLL_INTERVAL = 1.0
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
 _REFUSALS_KEPT = 10_000
 
@@ -111,8 +111,7 @@ class RemoteCancels:
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
         self.notices = None if self._guarded is None else self._guarded.notices
-        if self._guarded is not None:
-            self._guarded.on_final.append(self.refused)
+        self._unsubscribe = None if self._guarded is None else self._guarded.subscribe(refused=self.refused)
         self.poll = self.interval = math.inf if poll is None else poll
         if poll is not None or self.notices is not None:
             if solo is not None:
@@ -228,8 +227,8 @@ class RemoteCancels:
 
     async def aclose(self) -> None:
         """Stop hearing notices and the store's refusals (the server shuts down)."""
-        if self._guarded is not None and self.refused in self._guarded.on_final:
-            self._guarded.on_final.remove(self.refused)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         listener, self._listener = self._listener, None
         self.must_listen = self.notices is not None
         if listener is not None:

@@ -2,7 +2,7 @@
 
 ``execute()`` runs the wrapped executor's ``execute()`` inside a cancellation scope (see
 checkpoints.py), as a `Work` of the executor's `Lifecycle`; ``cancel()`` carries out a
-`Cancellation` there (see lifecycle.py). Under the stock handler the work runs in a task of
+`Cancellation` there (see _lifecycle.py). Under the stock handler the work runs in a task of
 its own, which the SDK's teardown of the run cannot reach, even where it comes before
 ``cancel()`` (a2a-sdk 1.0.0-1.1.3); under our handler, which drives every cancel itself, it
 runs in the SDK's own task.
@@ -18,14 +18,10 @@ import wrapt
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 
 from a2a_cancelfix._aio import checked_seconds, deadline_in
-from a2a_cancelfix.lifecycle import (
-    DEFAULT_GRACE_PERIOD,
-    Lifecycle,
-    RunQueue,
-    Settings,
-    Work,
-    has_ended,
-)
+from a2a_cancelfix._cancel.queues import RunQueue, has_ended
+from a2a_cancelfix._cancel.settings import DEFAULT_GRACE_PERIOD, Settings
+from a2a_cancelfix._cancel.work import Work
+from a2a_cancelfix._lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from a2a.server.events.event_queue import EventQueue
