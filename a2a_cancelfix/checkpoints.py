@@ -21,7 +21,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from a2a_cancelfix._aio import keep, wait_set
 
-__all__ = ["Probe", "RunCancelled", "cancel_requested", "cancellable", "checkpoint", "on_cancel", "shielded"]
+__all__ = ["RunCancelled", "cancel_requested", "cancellable", "checkpoint", "on_cancel", "shielded"]
 
 logger = logging.getLogger("a2a_cancelfix")
 

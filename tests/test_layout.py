@@ -36,7 +36,6 @@ PUBLIC = {
         "unpatch",
     },
     "a2a_cancelfix.checkpoints": {
-        "Probe",
         "RunCancelled",
         "cancel_requested",
         "cancellable",
