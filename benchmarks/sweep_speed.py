@@ -101,7 +101,12 @@ def _env() -> dict[str, str]:
 
 def _line(kind: str, name: str, took: float, out: str) -> str:
     count = next((line for line in out.splitlines() if line.endswith("rows hold.")), "?")
-    named = "named at the tool's line" if "in call_tool > tool" in out else ""
+    fails = [line for line in out.splitlines() if line.startswith("FAILS:")]
+    named = (
+        "named at the tool's line"
+        if any("> call_tool > tool (sweep_speed.py:" in line for line in fails)
+        else ""
+    )
     return f"{kind:<7} {name:<10} {took:7.1f} s  {count}  {named}"
 
 

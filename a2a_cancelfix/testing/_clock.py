@@ -17,7 +17,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -33,7 +35,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return time.monotonic() + self._clock.skipped
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Any, func: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:  # type: ignore[override]
         work = super().run_in_executor(executor, func, *args)
         self._handed = [each for each in self._handed if not each.done()] + [work]
         return work
@@ -47,7 +49,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return any(working(thread) for thread in threading.enumerate() if thread not in self._threads)
 
 
-class _SkippingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _SkippingSelector(selectors.DefaultSelector):
     def __init__(self, outside_works: Callable[[], bool]) -> None:
         super().__init__()
         self._outside_works = outside_works
@@ -55,7 +57,7 @@ class _SkippingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-t
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if not timeout or timeout <= 0 or self._outside_works():
-            return super().select(timeout)  # type: ignore[no-any-return]
+            return super().select(timeout)
         ready: list[tuple[selectors.SelectorKey, int]] = super().select(0)
         if not ready:
             self.skipped += timeout  # Only a timer can wake the loop: it is due now.

@@ -268,8 +268,8 @@ async def sweep(
                 report.folded += len(landings)
     if progress is not None:
         progress(contrast, 1, 1 + len(moments))
-    for done, moment in enumerate(moments, start=2):
-        row = await asyncio.to_thread(in_own_loop, plan.row, *moment, real_time=real_time)
+    for done, (point, origin, landing) in enumerate(moments, start=2):
+        row = await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing, real_time=real_time)
         report.rows.append(row)
         if progress is not None:
             progress(row, done, 1 + len(moments))
