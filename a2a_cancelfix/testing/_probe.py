@@ -135,6 +135,12 @@ class Probe:
             self.reached.set()
             await asyncio.shield(self.gate)
 
+    def enqueued_from(self, where: str) -> None:
+        self.last_event_from = where
+
+    def execute_raised(self, error: Exception) -> None:
+        self.raised = f"{type(error).__name__}: {error}{raised_in(error)}"
+
     def open(self) -> None:
         if not self.gate.done():
             self.gate.set_result(None)
@@ -204,7 +210,7 @@ class _ReportingQueue:
     async def enqueue_event(self, event: Any) -> None:
         probe, name = self._probe, _event_name(event)
         stack = _users_stack(sys._getframe(1))
-        probe.last_event_from = describe(users_frame(sys._getframe(1)))
+        probe.enqueued_from(describe(users_frame(sys._getframe(1))))
         await probe.point("publish", f"publishes {name}", stack=stack)
         probe._in_enqueue = True
         try:
@@ -246,7 +252,7 @@ class _Driven:
                 except StopIteration as stop:
                     return stop.value
                 except Exception as raised:
-                    probe.raised = f"{type(raised).__name__}: {raised}{raised_in(raised)}"
+                    probe.execute_raised(raised)
                     raise
                 value, error = None, None
                 found = _users_await(coro) if awaited is not None else None

@@ -255,28 +255,27 @@ async def sweep(
     check_setup(executor_factory, grace_period)
     plan = Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
     contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast, real_time=real_time)
-    report = Report([contrast], claims_judged=released is not None)
-    moments = []
+    moments, folded = [], 0
     if contrast.ok:
-        every = [(point, origin) for point in points for origin in origins]
         kept = set(map(id, points if every_occurrence else fold(points)))
-        for point, origin in every:
-            landings = landings_at(point, origin)
-            if id(point) in kept:
-                moments += [(point, origin, landing) for landing in landings]
-            else:
-                report.folded += len(landings)
+        for point in points:
+            for origin in origins:
+                landings = landings_at(point, origin)
+                if id(point) in kept:
+                    moments += [(point, origin, landing) for landing in landings]
+                else:
+                    folded += len(landings)
+    rows, total = [contrast], 1 + len(moments)
     if progress is not None:
-        progress(contrast, 1, 1 + len(moments))
-    for done, (point, origin, landing) in enumerate(moments, start=2):
+        progress(contrast, 1, total)
+    for point, origin, landing in moments:
         row = await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing, real_time=real_time)
-        report.rows.append(row)
+        rows.append(row)
         if progress is not None:
-            progress(row, done, 1 + len(moments))
+            progress(row, len(rows), total)
         if fail_fast and not row.ok:
-            report.unswept = len(moments) + 1 - done
             break
-    return report
+    return Report(rows, folded, total - len(rows), claims_judged=released is not None)
 
 
 def fold(points: Sequence[Point]) -> list[Point]:
