@@ -160,3 +160,42 @@ class CleansUpShielded(Agent):
 
 def unreleased(executor: Any) -> bool:
     return not getattr(executor, "claims", ())
+
+
+class ToolSwallowsTheCancel(Agent):
+    """Streams 25 tokens; the tool it calls every tenth swallows the cancel."""
+
+    async def work(self) -> None:
+        for token in range(25):
+            await io()  # The model's next token.
+            if token % 10 == 9:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await io()  # The tool.
+
+
+class ThirdPassClaim(Agent):
+    """Takes a lease on its third pass only, and releases it on the happy path only."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    async def work(self) -> None:
+        for turn in range(5):
+            self.claims += turn == 2
+            await io()
+            self.claims -= turn == 2
+
+
+class StatusBeforeTask(Agent):
+    """Starts work without enqueueing its Task first: the SDK refuses the status update."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        await updater.start_work()
+        await updater.complete()
+
+
+class RaisesOnItsWay(Agent):
+    async def work(self) -> None:
+        await step()
+        raise ValueError("the model's answer was not JSON")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from a2a_cancelfix.testing import play, sweep
+from a2a_cancelfix.testing._clock import working as _working
 from a2a_cancelfix.testing.examples import Pipeline
 from a2a_cancelfix.testing.scenario_file import ScenarioError
-from a2a_cancelfix.testing.sweep import _working
 from a2a_cancelfix.tools.cli import main
 
 from . import field_executors as field

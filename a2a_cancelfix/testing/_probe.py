@@ -59,6 +59,8 @@ class Point:
         place: the file and line of the user's code there, if any (the innermost await's).
         occurrence: how many points of this kind and path the conversation had up to this one.
         shielded: whether the run is inside a ``shielded()`` section there.
+        stack: the file and line of each frame of the user's code there, outermost first: the
+            points of one stack repeat one code path (a loop's iterations).
     """
 
     index: int
@@ -67,6 +69,7 @@ class Point:
     place: str = ""
     occurrence: int = 1
     shielded: bool = False
+    stack: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -105,27 +108,38 @@ class Probe:
         self.late: list[str] = []  # What the run did after the cancel that it should not have.
         self.cut_shields: list[str] = []
         self.finished = asyncio.Event()  # The last run's execute() has returned or raised.
+        self.raised = ""  # What execute() raised, other than a cancel, for people.
+        self.last_event_from = ""  # The user's code that enqueued the run's last event.
         self.visit = visit  # Awaited at each point.
         self._in_enqueue = False
 
     # The points.
 
-    def next_point(self, kind: str, path: str, place: str = "") -> Point:
+    def next_point(self, kind: str, path: str, place: str = "", stack: tuple[str, ...] = ()) -> Point:
         """The point that ``kind`` at ``path`` would be, next."""
         run = self.run
         shielded = bool(run is not None and run.shielded and kind not in ("parked", "ended"))
         occurrence = 1 + sum(1 for point in self.points if (point.kind, point.path) == (kind, path))
-        return Point(len(self.points), kind, path, place, occurrence, shielded)
+        return Point(len(self.points), kind, path, place, occurrence, shielded, stack)
 
-    async def point(self, kind: str, path: str, place: str = "") -> None:
-        """Note a point; hold here if it is the target."""
-        here = self.next_point(kind, path, place)
+    async def point(
+        self, kind: str, path: str, place: str = "", stack: tuple[str, ...] | None = None
+    ) -> None:
+        """Note a point (its stack, unless given, is the caller's); hold here if it is the target."""
+        stack = _users_stack(sys._getframe(1)) if stack is None else stack
+        here = self.next_point(kind, path, place, stack)
         self.points.append(here)
         if self.visit is not None:
             await self.visit(here)
         if here.key == self.target:
             self.reached.set()
             await asyncio.shield(self.gate)
+
+    def enqueued_from(self, where: str) -> None:
+        self.last_event_from = where
+
+    def execute_raised(self, error: Exception) -> None:
+        self.raised = f"{type(error).__name__}: {error}{raised_in(error)}"
 
     def open(self) -> None:
         if not self.gate.done():
@@ -195,14 +209,16 @@ class _ReportingQueue:
 
     async def enqueue_event(self, event: Any) -> None:
         probe, name = self._probe, _event_name(event)
-        await probe.point("publish", f"publishes {name}")
+        stack = _users_stack(sys._getframe(1))
+        probe.enqueued_from(describe(users_frame(sys._getframe(1))))
+        await probe.point("publish", f"publishes {name}", stack=stack)
         probe._in_enqueue = True
         try:
             await self._queue.enqueue_event(event)
         finally:
             probe._in_enqueue = False
         if terminal_state(event) is None:
-            await probe.point("published", f"{name} is stored")
+            await probe.point("published", f"{name} is stored", stack=stack)
 
 
 class _Driven:
@@ -235,6 +251,9 @@ class _Driven:
                     awaited = coro.send(value) if error is None else coro.throw(error)
                 except StopIteration as stop:
                     return stop.value
+                except Exception as raised:
+                    probe.execute_raised(raised)
+                    raise
                 value, error = None, None
                 found = _users_await(coro) if awaited is not None else None
                 same = found is not None and found[1] is last[0] and found[2] is last[1]
@@ -248,7 +267,7 @@ class _Driven:
                 point, last = found[0], (found[1], found[2])
                 where = point.where
                 probe._suspends(run, where)
-                here = probe.next_point("await", point.path, point.place)
+                here = probe.next_point("await", point.path, point.place, point.stack)
                 holds = here.key == probe.target
                 if holds and probe.pending:
                     # Held while the await is still pending: the cancel lands during it.
@@ -272,7 +291,7 @@ class _Driven:
                     error = _thrown(probe, run, thrown, where)
                     continue
                 try:  # The cancel lands as the await returns.
-                    yield from probe.point("await", point.path, point.place).__await__()
+                    yield from probe.point("await", point.path, point.place, point.stack).__await__()
                 except BaseException as thrown:
                     error = _thrown(probe, run, thrown, where)
         except GeneratorExit:
@@ -320,7 +339,8 @@ def _users_await(coro: Any) -> tuple[Point, types.FrameType, Any] | None:
     below = frames[innermost + 1 :]
     called = _library_name(below[0]) if below else _awaited_name(link)
     names = " > ".join(frames[index].f_code.co_name for index in users)
-    point = Point(-1, "await", f"await {called} in {names}", _place(frames[innermost]))
+    stack = tuple(_place(frames[index]) for index in users)
+    point = Point(-1, "await", f"await {called} in {names}", _place(frames[innermost]), stack=stack)
     return point, frames[innermost], links[innermost]
 
 
@@ -365,6 +385,28 @@ def users_frame(frame: types.FrameType | None) -> types.FrameType | None:
     while frame is not None and (_is_framework(frame) or _is_library(frame)):
         frame = frame.f_back
     return frame
+
+
+def _users_stack(frame: types.FrameType | None) -> tuple[str, ...]:
+    """The place of each frame of the user's code from ``frame`` outwards, outermost first."""
+    places = []
+    while frame is not None:
+        if not _is_framework(frame) and not _is_library(frame):
+            places.append(_place(frame))
+        frame = frame.f_back
+    return tuple(reversed(places))
+
+
+def raised_in(error: BaseException) -> str:
+    """Where in the user's code ``error`` was raised (or the await it cut), as ", at ..."."""
+    place = ""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if users_frame(traceback.tb_frame) is traceback.tb_frame:
+            code = traceback.tb_frame.f_code
+            place = f"{code.co_name} ({os.path.basename(code.co_filename)}:{traceback.tb_lineno})"
+        traceback = traceback.tb_next
+    return f", at {place}" if place else ""
 
 
 def describe(frame: types.FrameType | None) -> str:

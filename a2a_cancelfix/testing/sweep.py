@@ -18,11 +18,8 @@ import contextvars
 import inspect
 import json
 import math
-import os
-import queue
 import sys
 import threading
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,8 +45,17 @@ from a2a_cancelfix._executor import CancellableExecutor
 from a2a_cancelfix._handler import DefaultRequestHandler
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
+from a2a_cancelfix.testing._clock import frame_of, join, started_here, working
 from a2a_cancelfix.testing._notices import LocalNotices
-from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
+from a2a_cancelfix.testing._probe import (
+    Point,
+    Probe,
+    _is_framework,
+    describe,
+    note_user,
+    raised_in,
+    users_frame,
+)
 from a2a_cancelfix.testing._table import table
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.servers import caller, message, outcome
@@ -75,6 +81,7 @@ MARGIN = Timing().margin  # What our handler gives the SDK past the grace period
 
 Factory = Callable[[], Any]
 Released = Callable[[Any], "bool | Awaitable[bool]"]
+Progress = Callable[["Row", int, int], None]
 
 _IN_CANCEL: contextvars.ContextVar[bool] = contextvars.ContextVar("a2a_cancelfix_in_cancel", default=False)
 """Set while the executor's ``cancel()`` runs: what it starts is the executor's too."""
@@ -105,6 +112,7 @@ class Row:
     expected: dict[str, tuple[str, ...]] = field(default_factory=dict)
     scenario: str = ""
     """The scenario file that replays this row (see `play`)."""
+    said: dict[str, str] = field(default_factory=dict, repr=False)  # An observer's error, in words.
 
     @property
     def ok(self) -> bool:
@@ -134,9 +142,19 @@ class Row:
 
 @dataclass
 class Report:
-    """A sweep's rows, the uncancelled run's first; ``str()`` is the table."""
+    """A sweep's rows, the uncancelled run's first; ``str()`` is the table.
+
+    Attributes:
+        rows: the rows swept.
+        folded: the rows not swept because their point repeats a code path (see `fold`).
+        unswept: the rows not swept because the sweep stopped at a failing row (``fail_fast``).
+        claims_judged: whether a ``released`` predicate judged the executor's claims.
+    """
 
     rows: list[Row]
+    folded: int = 0
+    unswept: int = 0
+    claims_judged: bool = True
 
     @property
     def ok(self) -> bool:
@@ -163,6 +181,7 @@ class Report:
         failing = self.failures
         lines.append("")
         lines.append(f"{len(self.rows) - len(failing)} of {len(self.rows)} rows hold.")
+        lines.extend(self.notes())
         for row in failing:
             lines.append("")
             lines.append(f"FAILS: {row.moment} ({row.origin or 'no cancel'})")
@@ -172,6 +191,24 @@ class Report:
                 lines.extend(f"    {line}" for line in row.scenario.splitlines())
         return "\n".join(lines)
 
+    def notes(self) -> list[str]:
+        """What the rows do not say: what was not swept, and what was not judged."""
+        notes = []
+        if self.folded:
+            notes.append(
+                f"{self.folded} more rows repeat a code path (a loop's iterations): each path was swept"
+                " at its first, second and last occurrence; every_occurrence=True"
+                " (--every-occurrence) sweeps them all."
+            )
+        if self.unswept:
+            notes.append(f"Stopped at the first failing row: {self.unswept} rows not swept.")
+        if not self.claims_judged:
+            notes.append(
+                "Claims were not judged: pass released=, a predicate true once the executor let go"
+                " of what it holds (--released MODULE:NAME)."
+            )
+        return notes
+
 
 async def sweep(
     executor_factory: Factory,
@@ -180,6 +217,10 @@ async def sweep(
     origins: Sequence[str] = ORIGINS,
     grace_period: float = 1.0,
     released: Released | None = None,
+    every_occurrence: bool = False,
+    fail_fast: bool = False,
+    real_time: bool = False,
+    progress: Progress | None = None,
 ) -> Report:
     """Cancel a fresh executor at each of its cancel points; report what every observer saw.
 
@@ -192,6 +233,14 @@ async def sweep(
         grace_period: the handler's ``cancel_grace_period`` in these runs.
         released: ``released(executor)`` (may be async) is true once the executor has let go
             of what it holds (a claim, a lease); checked when the cancel returns.
+        every_occurrence: cancel at every occurrence of a code path that repeats (a loop's
+            iterations), not only at its first, second and last: for a defect that shows on
+            one iteration only.
+        fail_fast: stop at the first failing row.
+        real_time: run on the real clock. By default a run's clock skips the waits only its
+            own timers can end (an ``asyncio.sleep``), which leaves what a row sees the same;
+            for an executor that reads the wall clock (``time.monotonic()``) to pace itself.
+        progress: ``progress(row, done, total)``, called as each row is done.
 
     Raises:
         ValueError: an origin that is not one of `EVERY_ORIGIN`, a grace period that is not a
@@ -205,14 +254,39 @@ async def sweep(
         )
     check_setup(executor_factory, grace_period)
     plan = Plan(executor_factory, messages, grace_period, released, _spec(executor_factory))
-    contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast)
-    rows = [contrast]
+    contrast, points = await asyncio.to_thread(in_own_loop, plan.contrast, real_time=real_time)
+    moments, folded = [], 0
     if contrast.ok:
+        kept = set(map(id, points if every_occurrence else fold(points)))
         for point in points:
             for origin in origins:
-                for landing in landings_at(point, origin):
-                    rows.append(await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing))
-    return Report(rows)
+                landings = landings_at(point, origin)
+                if id(point) in kept:
+                    moments += [(point, origin, landing) for landing in landings]
+                else:
+                    folded += len(landings)
+    rows, total = [contrast], 1 + len(moments)
+    if progress is not None:
+        progress(contrast, 1, total)
+    for point, origin, landing in moments:
+        row = await asyncio.to_thread(in_own_loop, plan.row, point, origin, landing, real_time=real_time)
+        rows.append(row)
+        if progress is not None:
+            progress(row, len(rows), total)
+        if fail_fast and not row.ok:
+            break
+    return Report(rows, folded, total - len(rows), claims_judged=released is not None)
+
+
+def fold(points: Sequence[Point]) -> list[Point]:
+    """The points to cancel at: of those on one code path (one kind, path and stack, as a
+    loop's iterations are), the first, the second (what an iteration carries over from the
+    one before) and the last."""
+    paths: dict[tuple[str, str, tuple[str, ...]], list[Point]] = {}
+    for point in points:
+        paths.setdefault((point.kind, point.path, point.stack), []).append(point)
+    kept = {id(point) for same in paths.values() for point in same[:2] + same[-1:]}
+    return [point for point in points if id(point) in kept]
 
 
 def check_setup(factory: Any, grace_period: float) -> None:
@@ -295,11 +369,12 @@ class Plan:
         return row, [] if world is None else world.probe.points  # Those it reached, if it raised.
 
     async def _contrast(self, row: Row, world: _World) -> None:
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = loop.time()  # The bounds of the rows are on the loop's clock too.
         async with world:
             probe = world.probe
             await world.converse(RUN_BOUND)
-            self.took = time.monotonic() - started
+            self.took = loop.time() - started
             await world.observe(row, probe)
             _expect(row, dict.fromkeys(world.observers(), ("COMPLETED",)))
             if world.parked_stream:
@@ -549,7 +624,7 @@ class _World:
         watched = self.watched
         if watched._self_error is not None:
             error = watched._self_error
-            at = _raised_in(error)
+            at = raised_in(error)
             row.failures.append(f"{self.name}.cancel() raised {type(error).__name__}: {error}{at}")
             if origin != "remote":  # The documented end of that: FAILED, the caller told so.
                 expected, final = "Internal", "FAILED"
@@ -643,6 +718,13 @@ class _World:
             states = self.states[name]
             last = type(stream.error).__name__ if stream.error else (states[-1] if states else "nothing")
             row.seen[name] = last if ended else f"open after {last}"
+            if stream.error and str(stream.error):
+                came = (
+                    f"; the run's last event came from {probe.last_event_from}"
+                    if probe.last_event_from
+                    else ""
+                )
+                row.said[name] = f"{stream.error}{came}"
             ends = [index for index, state in enumerate(states) if state in TERMINAL]
             if ends and ends[0] < len(states) - 1:
                 row.failures.append(
@@ -658,6 +740,8 @@ class _World:
         ends = [index for index, state in enumerate(pushed) if state in TERMINAL]
         if ends and ends[0] < len(pushed) - 1:
             row.failures.append(f"push got {', '.join(pushed[ends[0] + 1 :])} after {pushed[ends[0]]}")
+        if probe.raised:
+            row.failures.append(f"execute() raised {probe.raised}")
         row.failures.extend(probe.late)
         for where in probe.cut_shields:
             row.failures.append(f"a shielded section was cut at {where}")
@@ -691,12 +775,12 @@ class _World:
                 )
         busy = [work for work in self.pool.works if not work.done()]
         threads = [thread for thread in threading.enumerate() if thread not in self.threads]
-        threads = [thread for thread in threads if _started_here(thread) and not self.pool.owns(thread)]
+        threads = [thread for thread in threads if started_here(thread) and not self.pool.owns(thread)]
         if busy or threads:
-            await asyncio.to_thread(_join, busy, threads, grace)
-        if any(not work.done() for work in busy) or any(_working(thread) for thread in threads):
-            stuck = [thread for thread in (*self.pool.threads(), *threads) if _working(thread)]
-            running = sorted({describe(users_frame(_frame_of(thread))) for thread in stuck} - {""})
+            await asyncio.to_thread(join, busy, threads, grace)
+        if any(not work.done() for work in busy) or any(working(thread) for thread in threads):
+            stuck = [thread for thread in (*self.pool.threads(), *threads) if working(thread)]
+            running = sorted({describe(users_frame(frame_of(thread))) for thread in stuck} - {""})
             running = running or sorted({_innermost(thread) for thread in stuck} - {""})
             in_code = f", in {' and '.join(running)}" if running else ""
             row.failures.append(f"a thread it started still ran {grace:g} s after {when}{in_code}")
@@ -712,7 +796,8 @@ def _compare(row: Row) -> None:
         if name == "answer" and seen in ("HANG", "client left"):
             continue  # Said already, or nobody is left to answer.
         if seen not in allowed:
-            row.failures.append(f"the {name} ended on {seen}, not {' or '.join(allowed)}")
+            said = f": {row.said[name]}" if name in row.said else ""
+            row.failures.append(f"the {name} ended on {seen}, not {' or '.join(allowed)}{said}")
 
 
 class _Watched(wrapt.ObjectProxy):
@@ -731,7 +816,7 @@ class _Watched(wrapt.ObjectProxy):
         try:
             await self.__wrapped__.cancel(context, event_queue)
         except asyncio.CancelledError as cut:
-            self._self_cut = _raised_in(cut)  # Cut off at the grace period's end: it hung.
+            self._self_cut = raised_in(cut)  # Cut off at the grace period's end: it hung.
             raise
         except Exception as error:
             self._self_error = error
@@ -766,72 +851,12 @@ def _executors_own() -> bool:
     return checkpoints.current_run() is not None or _IN_CANCEL.get()
 
 
-def _started_here(thread: threading.Thread) -> bool:
-    """Whether ``thread`` runs and was started through `threading`, as an executor's are.
-
-    Not a thread started below it (pytest-xdist's I/O thread, a C library's), which `threading`
-    lists as a dummy from the moment it first asks for ``current_thread()``: a log call, or a
-    finalizer the collector happens to run in it, mid-run. Nobody can join it.
-    """
-    return thread.is_alive() and not isinstance(thread, threading._DummyThread)
-
-
-def _join(
-    works: list[concurrent.futures.Future[Any]], threads: list[threading.Thread], seconds: float
-) -> None:
-    deadline = time.monotonic() + seconds
-    concurrent.futures.wait(works, timeout=seconds)
-    for thread in threads:
-        # A pool's worker lives on, idle, after its work: waiting for that is all a join can do.
-        # Nothing announces a worker going idle, so it is looked at every few milliseconds.
-        while _working(thread) and time.monotonic() < deadline:
-            thread.join(0.005)
-
-
-# Where a pool's worker thread waits for its next work item: concurrent.futures' (and so
-# asyncio's) on a SimpleQueue, in C, inside _worker; another pool's in queue.Queue.get (anyio's
-# are judged by their queue, in `_working`).
-_IDLE_AT = {("concurrent.futures.thread", "_worker"), ("queue", "get")}
-
-
-def _frame_of(thread: threading.Thread) -> Any:
-    return sys._current_frames().get(thread.ident or 0) if thread.is_alive() else None
-
-
 def _innermost(thread: threading.Thread) -> str:
     """Where a thread running none of the executor's code is, for people."""
-    frame = _frame_of(thread)
+    frame = frame_of(thread)
     if frame is None:
         return ""
     return f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name} (no code of the executor's)"
-
-
-def _working(thread: threading.Thread) -> bool:
-    """Whether ``thread`` still runs something: alive, and not a pool worker waiting for work."""
-    items = getattr(thread, "queue", None)
-    if type(thread).__module__.startswith("anyio.") and isinstance(items, queue.Queue):
-        # anyio's worker marks the item it took done once it has handed the result back: past
-        # that it runs no work of anyone's, whatever its frames show (it may be running a
-        # finalizer the collector put there).
-        return thread.is_alive() and items.unfinished_tasks > 0
-    frame = _frame_of(thread)
-    while frame is not None and frame.f_globals.get("__name__") == "threading":
-        frame = frame.f_back  # A lock or condition it waits on: what waits there tells.
-    if frame is None:
-        return thread.is_alive()
-    return (frame.f_globals.get("__name__"), frame.f_code.co_name) not in _IDLE_AT
-
-
-def _raised_in(error: BaseException) -> str:
-    """Where in the user's code ``error`` was raised (or the await it cut), as ", at ..."."""
-    place = ""
-    traceback = error.__traceback__
-    while traceback is not None:
-        if users_frame(traceback.tb_frame) is traceback.tb_frame:
-            code = traceback.tb_frame.f_code
-            place = f"{code.co_name} ({os.path.basename(code.co_filename)}:{traceback.tb_lineno})"
-        traceback = traceback.tb_next
-    return f", at {place}" if place else ""
 
 
 def _ours(coro: Any) -> bool:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from a2a_cancelfix.testing._clock import VirtualTimeLoop
 
 T = TypeVar("T")
 
@@ -131,12 +134,27 @@ async def _holds(condition: Callable[[], object]) -> bool:
     return bool(await value) if inspect.isawaitable(value) else bool(value)
 
 
+# The task of each loop that looks for everyone blocked. Two looking at once would each see
+# the other run, for ever: a second one waits for the first, then looks itself.
+_looking: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def _all_tasks_blocked() -> None:
-    while True:
-        # One turn of the loop, which also polls for I/O: the other tasks run until they block.
-        await asyncio.sleep(0)
-        if _others_blocked():
-            return
+    loop = asyncio.get_running_loop()
+    while (other := _looking.get(loop)) is not None and not other.done():
+        await asyncio.wait({other})
+    this = _looking[loop] = asyncio.current_task()  # type: ignore[assignment]
+    try:
+        while True:
+            # One turn of the loop, which also polls for I/O: the other tasks run until they block.
+            await asyncio.sleep(0)
+            if _others_blocked():
+                return
+    finally:
+        if _looking.get(loop) is this:
+            del _looking[loop]
 
 
 def _others_blocked() -> bool:
@@ -160,13 +178,15 @@ async def answer_or_hang(call: Awaitable[str], seconds: float) -> str:
         return "HANG"
 
 
-def in_own_loop(main: Callable[..., Awaitable[T]], *args: Any) -> T:
+def in_own_loop(main: Callable[..., Awaitable[T]], *args: Any, real_time: bool = False) -> T:
     """Run ``main(*args)`` in an event loop of its own, then cancel what it left running.
 
     What one run leaves behind (a stock handler's hung request, an executor's stray task)
-    stays in its loop and cannot block the next; the clean-up waits on nothing forever.
+    stays in its loop and cannot block the next; the clean-up waits on nothing forever. The
+    loop's clock skips the waits only its timers could end (see `VirtualTimeLoop`), unless
+    ``real_time``.
     """
-    loop = asyncio.new_event_loop()
+    loop = asyncio.new_event_loop() if real_time else VirtualTimeLoop()
     try:
         return loop.run_until_complete(main(*args))
     finally:

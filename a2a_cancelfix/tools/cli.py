@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from a2a_cancelfix.testing import Row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +72,24 @@ def main(argv: list[str] | None = None) -> int:
         "--released",
         metavar="MODULE:NAME",
         help="released(executor) -> bool (may be async): true once the executor let go of what it holds",
+    )
+    sweep.add_argument(
+        "--every-occurrence",
+        action="store_true",
+        help="cancel at every occurrence of a repeated code path (a loop's iterations), not only at "
+        "its first, second and last",
+    )
+    sweep.add_argument("--fail-fast", action="store_true", help="stop at the first failing row")
+    sweep.add_argument(
+        "--write",
+        metavar="DIR",
+        help="write each failing row's scenario file (cancel_*.toml) into DIR, for play and pytest",
+    )
+    sweep.add_argument(
+        "--real-time",
+        action="store_true",
+        help="run on the real clock, for an executor that paces itself by the wall clock (by "
+        "default, waits that only the loop's own timers end take no real time)",
     )
     sweep.add_argument("--json", action="store_true", help="print the rows as JSON")
     play = commands.add_parser("play", help="replay the cancel moment a scenario file describes; exit 0/1")
@@ -129,22 +153,72 @@ def _kit(arguments: argparse.Namespace) -> int:
         if arguments.command == "play":
             report = play(arguments.file)
         else:
+            progress = _Progress(sys.stderr, arguments.write)
             factory = load(arguments.executor)
             released = load(arguments.released) if arguments.released else None
             messages = arguments.message or ["hello"]
             origins = arguments.origin or ORIGINS
-            grace = arguments.grace_period
             report = asyncio.run(
-                sweep(factory, message=messages, origins=origins, grace_period=grace, released=released)
+                sweep(
+                    factory,
+                    message=messages,
+                    origins=origins,
+                    grace_period=arguments.grace_period,
+                    released=released,
+                    every_occurrence=arguments.every_occurrence,
+                    fail_fast=arguments.fail_fast,
+                    real_time=arguments.real_time,
+                    progress=progress,
+                )
             )
+            progress.end()
     except (ValueError, ImportError, OSError) as error:
         print(f"a2a-cancelfix {arguments.command}: {error}", file=sys.stderr)
         return 2
     if arguments.command == "sweep" and arguments.json:
         print(json.dumps([row.as_dict() for row in report.rows], indent=2))
+        for note in report.notes():
+            print(note, file=sys.stderr)
     else:
         print(report)
     return 0 if report.ok else 1
+
+
+class _Progress:
+    """The sweep's progress on ``stream``: one line that updates on a terminal, a line per row
+    otherwise, and a line that stays for each failing row; its scenario file written into
+    ``folder``, if given."""
+
+    def __init__(self, stream: TextIO, folder: str | None) -> None:
+        self.stream, self.failing = stream, 0
+        self.folder = Path(folder) if folder else None
+        self.updating = stream.isatty()
+        self.open = False  # A terminal's line that the next row updates.
+
+    def __call__(self, row: Row, done: int, total: int) -> None:
+        self.failing += not row.ok
+        line = f"sweep: {done} of {total} rows, {self.failing} failing"
+        if not row.ok:
+            line += f"; FAILS: {row.moment} ({row.origin or 'no cancel'})"
+            if self.folder is not None and row.scenario:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                path = self.folder / f"cancel_{done:03d}_{_slug(row)}.toml"
+                path.write_text(row.scenario, encoding="utf-8")
+                line += f", written to {path}"
+        if not self.updating:
+            print(line, file=self.stream, flush=True)
+        else:  # Rows that hold update one line; a failing row's stays.
+            print(f"\r{line}\x1b[K", end="" if row.ok else "\n", file=self.stream, flush=True)
+            self.open = row.ok
+
+    def end(self) -> None:
+        if self.open:
+            print(file=self.stream, flush=True)
+
+
+def _slug(row: Row) -> str:
+    words = f"{row.point.kind if row.point else 'run'} {row.origin} {row.landing}"
+    return re.sub(r"[^a-z0-9]+", "_", words.lower()).strip("_")
 
 
 if __name__ == "__main__":
