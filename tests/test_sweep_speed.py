@@ -137,6 +137,8 @@ def test_the_clock_does_not_skip_while_something_outside_the_loop_works(outside:
         release.set()
         if outside == "thread handed work":
             loop.run_until_complete(within(work))
+            # Its worker has handed the result back, not yet gone back to wait: joined, it has.
+            loop.run_until_complete(within(loop.shutdown_default_executor()))
         elif outside == "thread of its own":
             thread.join(BOUND)
         else:
