@@ -58,13 +58,16 @@ PACKAGERS = ["build[uv]==1.6.1", "twine==7.0.0"]
 FAKELIB = "./tests/fakelib"
 
 
+# What `lint` checks: every Python file of ours, check --repro's scripts included.
+LINTED = ["a2a_cancelfix", "tests", "benchmarks", "examples", "noxfile.py"]
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """Ruff's rules (pyproject.toml's [tool.ruff.lint]) and its formatting, checked, not applied."""
     session.install(*LINTERS)
-    paths = ["a2a_cancelfix", "tests", "benchmarks", "examples", "noxfile.py"]
-    session.run("ruff", "check", *paths)
-    session.run("ruff", "format", "--check", *paths)
+    session.run("ruff", "check", *LINTED)
+    session.run("ruff", "format", "--check", *LINTED)
 
 
 @nox.session

@@ -3,16 +3,37 @@ wait_all_tasks_blocked, eventually)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 import wrapt
 from a2a.types import TaskState
 
 from a2a_cancelfix.testing import Gate, Report
+
+ROOT = Path(__file__).parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def noxfile_list(name: str) -> list[str]:
+    """A list or string constant of noxfile.py (which imports nox, not installed in the suite)."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            value = ast.literal_eval(node.value)
+            return [value] if isinstance(value, str) else list(value)
+    raise LookupError(name)
 
 
 def tasks_since(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:

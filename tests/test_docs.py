@@ -9,7 +9,6 @@ block with no language, or ```text, is output: it is compared where a test says 
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import importlib.metadata
@@ -23,11 +22,6 @@ import shlex
 import subprocess
 import sys
 import uuid
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 from collections.abc import Iterator
 from contextlib import redirect_stdout
 from dataclasses import dataclass
@@ -42,6 +36,7 @@ from a2a_cancelfix import _sdk
 from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, WRAPPED
+from .support import PYPROJECT, noxfile_list
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -217,17 +212,7 @@ def is_executor_class(value: object) -> bool:
 
 # The bash blocks: checked for shape, and the sweep's commands run.
 
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-
-
-def noxfile_list(name: str) -> list[str]:
-    """A list or string constant of noxfile.py (which imports nox, not installed in the suite)."""
-    tree = ast.parse((ROOT / "noxfile.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-            value = ast.literal_eval(node.value)
-            return [value] if isinstance(value, str) else list(value)
-    raise LookupError(name)
+PROJECT = PYPROJECT["project"]
 
 
 def commands(block: Block) -> list[list[str]]:

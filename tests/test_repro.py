@@ -1,6 +1,10 @@
 """`a2a-cancelfix check --repro`: a standalone script for each scenario the stock SDK fails here."""
 
 import ast
+import fnmatch
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -8,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from a2a_cancelfix.tools import cli, repro, scenarios
+from a2a_cancelfix.testing import BOUND
+from a2a_cancelfix.tools import cli, repro, repro_scripts, scenarios
+from a2a_cancelfix.tools.repro_scripts import prelude
 from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, column
+from .support import PYPROJECT, ROOT, noxfile_list
 
 SCRIPT_TIMEOUT = 60
 """Seconds a script may take: its own waits are bounded at 2.5 s each."""
@@ -174,6 +181,51 @@ def test_a_scenario_that_cannot_run_has_no_script(monkeypatch, capsys) -> None:
     assert f"cannot run here: NOT RUN ({hint})" in capsys.readouterr().err
 
 
-def test_every_scenario_has_a_script() -> None:
-    """A scenario added to the list gets a script too, whichever release it fails on."""
-    assert set(repro._BODIES) == {scenario.name for scenario in SCENARIOS if not scenario.opt_in}
+def test_every_scenario_names_its_part_of_a_script() -> None:
+    """A scenario added to the list gets a script too, whichever release it fails on: each one but
+    an opt-in names its module of repro_scripts/ by its ``script``, and every module there is named."""
+    named = {scenario.script for scenario in SCENARIOS if not scenario.opt_in}
+    assert "" not in named and not any(scenario.script for scenario in SCENARIOS if scenario.opt_in)
+    assert named == {module.name for module in pkgutil.iter_modules(repro_scripts.__path__)} - {"prelude"}
+
+
+def test_the_scripts_are_files_that_ruff_and_mypy_check() -> None:
+    """repro_scripts/ lies within what `nox -s lint` checks and [tool.mypy]'s files, excluded from
+    neither, and mypy checks it plainly, as the tools: the scripts are the user's to read and edit."""
+    scripts = Path(repro_scripts.__file__).parent.relative_to(ROOT)
+    ruff, mypy = PYPROJECT["tool"]["ruff"], PYPROJECT["tool"]["mypy"]
+    assert any(scripts.is_relative_to(path) for path in noxfile_list("LINTED"))
+    assert not {"exclude", "extend-exclude"} & set(ruff)
+    assert any(scripts.is_relative_to(path) for path in mypy["files"]) and "exclude" not in mypy
+    (plain,) = (
+        override
+        for override in mypy["overrides"]
+        if any(fnmatch.fnmatch(prelude.__name__, module) for module in override["module"])
+    )
+    assert plain["disallow_untyped_defs"] is False
+
+
+def test_a_script_is_the_prelude_then_its_scenarios_part_less_its_imports() -> None:
+    """What a part imports, which its script leaves out, the prelude has or imports too; each
+    script defines what it runs, waits within the scenarios' bound and imports nothing of ours."""
+    made = imports(inspect.getsource(prelude))
+    for scenario in (scenario for scenario in SCENARIOS if scenario.script):
+        part = importlib.import_module(f"{repro_scripts.__name__}.{scenario.script}")
+        assert {(m, name) for m, name in imports(inspect.getsource(part)) if m != ".prelude"} <= made
+        script = repro._script(scenario, "HANG")
+        defined = {node.name for node in ast.parse(script).body if isinstance(node, ast.AsyncFunctionDef)}
+        assert "scenario" in defined, scenario.script
+        packages = {(module or name).partition(".")[0] for module, name in imports(script)}
+        assert packages <= {"__future__", *ALLOWED, *sys.stdlib_module_names}, scenario.script
+    assert prelude.BOUND == BOUND
+
+
+def imports(source: str) -> set[tuple[str, str]]:
+    """What a module imports at its top: (module, name), or ("", module) for ``import module``."""
+    found = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import):
+            found |= {("", alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found |= {("." * node.level + (node.module or ""), alias.name) for alias in node.names}
+    return found

@@ -383,39 +383,98 @@ class Scenario:
     opt_in: str = ""
     """The option of ours the scenario shows, if any: no a2a-sdk has it, so it is no defect of
     the SDK's, and the row never makes the package needed (nor has a script to report)."""
+    script: str = ""
+    """Its part of the script ``check --repro`` writes: a module of ``tools/repro_scripts/``
+    (every scenario but an opt-in one has one)."""
 
 
 SCENARIOS = (
-    Scenario("mid-run, cancel() empty", mid_run, "CANCELED / CANCELED"),
-    Scenario("mid-run, blocking sender in flight", mid_run_blocking_sender, "sender got CANCELED"),
-    Scenario("mid-run, sender's stream", mid_run_stream, "stream ends on CANCELED"),
-    Scenario("mid-run, SubscribeToTask stream", mid_run_subscriber, "stream ends on CANCELED"),
-    Scenario("mid-run, two push configs", mid_run_push, "a got CANCELED, b got CANCELED"),
-    Scenario("cancel retried", retried, "CANCELED, then TaskNotCancelable"),
-    Scenario("parked INPUT_REQUIRED", parked, "CANCELED / CANCELED, cancel() called"),
-    Scenario("no live run here (restart, other replica)", not_live_here, "CANCELED / CANCELED"),
-    Scenario("cancel() publishes CANCELED", cancel_publishes, "CANCELED / CANCELED"),
-    Scenario("cancel() awaits I/O, then publishes", cancel_awaits_io, "CANCELED / CANCELED"),
-    Scenario("cancel() raises", cancel_raises, "Internal / FAILED"),
-    Scenario("cancel() hangs", cancel_hangs, "CANCELED / CANCELED"),
-    Scenario("execute() swallows CancelledError", execute_swallows, "CANCELED / CANCELED"),
+    Scenario("mid-run, cancel() empty", mid_run, "CANCELED / CANCELED", script="mid_run"),
+    Scenario(
+        "mid-run, blocking sender in flight",
+        mid_run_blocking_sender,
+        "sender got CANCELED",
+        script="mid_run_blocking_sender",
+    ),
+    Scenario("mid-run, sender's stream", mid_run_stream, "stream ends on CANCELED", script="mid_run_stream"),
+    Scenario(
+        "mid-run, SubscribeToTask stream",
+        mid_run_subscriber,
+        "stream ends on CANCELED",
+        script="mid_run_subscriber",
+    ),
+    Scenario(
+        "mid-run, two push configs", mid_run_push, "a got CANCELED, b got CANCELED", script="mid_run_push"
+    ),
+    Scenario("cancel retried", retried, "CANCELED, then TaskNotCancelable", script="retried"),
+    Scenario("parked INPUT_REQUIRED", parked, "CANCELED / CANCELED, cancel() called", script="parked"),
+    Scenario(
+        "no live run here (restart, other replica)",
+        not_live_here,
+        "CANCELED / CANCELED",
+        script="not_live_here",
+    ),
+    Scenario(
+        "cancel() publishes CANCELED", cancel_publishes, "CANCELED / CANCELED", script="cancel_publishes"
+    ),
+    Scenario(
+        "cancel() awaits I/O, then publishes",
+        cancel_awaits_io,
+        "CANCELED / CANCELED",
+        script="cancel_awaits_io",
+    ),
+    Scenario("cancel() raises", cancel_raises, "Internal / FAILED", script="cancel_raises"),
+    Scenario("cancel() hangs", cancel_hangs, "CANCELED / CANCELED", script="cancel_hangs"),
+    Scenario(
+        "execute() swallows CancelledError",
+        execute_swallows,
+        "CANCELED / CANCELED",
+        script="execute_swallows",
+    ),
     Scenario(
         "another user cancels",
         foreign_cancel,
         "TaskNotFound, owner sees WORKING, run untouched",
+        script="foreign_cancel",
     ),
-    Scenario("another user subscribes", foreign_subscribe, "got TaskNotFoundError"),
-    Scenario("unknown task id", unknown_id, "TaskNotFound"),
-    Scenario("completed task", completed, "TaskNotCancelable"),
-    Scenario("completed, execute() still returning", completing, "TaskNotCancelable / COMPLETED"),
-    Scenario("client leaves mid-cancel, JSON-RPC", client_leaves_mid_cancel, "task ends CANCELED"),
-    Scenario("client leaves mid-cancel, gRPC", client_leaves_mid_cancel, "task ends CANCELED", "grpc"),
-    Scenario("two concurrent cancels", concurrent_cancels, "CANCELED and CANCELED"),
-    Scenario("two clients cancel at once", two_clients_cancel, "CANCELED and CANCELED, task CANCELED"),
+    Scenario(
+        "another user subscribes", foreign_subscribe, "got TaskNotFoundError", script="foreign_subscribe"
+    ),
+    Scenario("unknown task id", unknown_id, "TaskNotFound", script="unknown_id"),
+    Scenario("completed task", completed, "TaskNotCancelable", script="completed"),
+    Scenario(
+        "completed, execute() still returning",
+        completing,
+        "TaskNotCancelable / COMPLETED",
+        script="completing",
+    ),
+    Scenario(
+        "client leaves mid-cancel, JSON-RPC",
+        client_leaves_mid_cancel,
+        "task ends CANCELED",
+        script="client_leaves_jsonrpc",
+    ),
+    Scenario(
+        "client leaves mid-cancel, gRPC",
+        client_leaves_mid_cancel,
+        "task ends CANCELED",
+        "grpc",
+        script="client_leaves_grpc",
+    ),
+    Scenario(
+        "two concurrent cancels", concurrent_cancels, "CANCELED and CANCELED", script="concurrent_cancels"
+    ),
+    Scenario(
+        "two clients cancel at once",
+        two_clients_cancel,
+        "CANCELED and CANCELED, task CANCELED",
+        script="two_clients_cancel",
+    ),
     Scenario(
         "second cancel while the first saves CANCELED",
         cancel_during_cancel,
         "CANCELED and CANCELED, task CANCELED",
+        script="cancel_during_cancel",
     ),
     Scenario(
         "client leaves, nobody comes back",

@@ -1,0 +1,10 @@
+from .prelude import Agent, Server, settle
+
+
+async def scenario() -> str:
+    """Cancel a task mid-run; cancel() awaits I/O, then publishes CANCELED."""
+    server = Server(Agent(cancel="io"))
+    await server.start()
+    returned = await server.cancel()
+    await settle()
+    return f"{returned} / {await server.stored()}"
