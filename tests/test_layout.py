@@ -173,7 +173,6 @@ ASSIGNED_ELSEWHERE = {
     ("testing/sweep.py", "row.point"),  # Row
     ("testing/sweep.py", "row.expected"),
     ("testing/sweep.py", "row.answer"),
-    ("testing/sweep.py", "row.scenario"),
     ("_unwatched.py", "sender.task_id"),  # Observer
 }
 

@@ -37,7 +37,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from a2a_cancelfix.testing._probe import Point
-from a2a_cancelfix.testing.sweep import Plan, Report, check_setup, landings_at
+from a2a_cancelfix.testing._report import Report
+from a2a_cancelfix.testing.sweep import Plan, check_setup, landings_at
 from a2a_cancelfix.testing.waits import in_own_loop
 
 if sys.version_info >= (3, 11):
