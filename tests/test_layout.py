@@ -172,7 +172,7 @@ ASSIGNED_ELSEWHERE = {
     ("testing/servers.py", "server.calls"),  # Server
     ("testing/sweep.py", "row.point"),  # Row
     ("testing/sweep.py", "row.expected"),
-    ("testing/sweep.py", "row.answer"),
+    ("testing/_origins.py", "row.answer"),
     ("_unwatched.py", "sender.task_id"),  # Observer
 }
 
