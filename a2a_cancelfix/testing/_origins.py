@@ -120,7 +120,7 @@ class Origin:
                 row.failures.append(
                     f"{world.name}.cancel() did not return within the grace period: it hangs{executor.cut or ''}"
                 )
-        row.expected.update({"answer": (expected,)})
+        row.expected["answer"] = (expected,)
         row.expected.update({key: (final,) for key in world.observers() if key != "sender"})
         row.expected["store"] = self.store_ends(final, applies)
         if client.followed_up is not None and world.watched:
