@@ -18,7 +18,9 @@ The building blocks it is made of:
 ``a2a-cancelfix check`` and this package's own tests and benchmarks are built from it.
 """
 
+from a2a_cancelfix.testing._origins import ORIGINS
 from a2a_cancelfix.testing._probe import Point
+from a2a_cancelfix.testing._report import Report, Row
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
 from a2a_cancelfix.testing.scenario_file import play
@@ -35,7 +37,7 @@ from a2a_cancelfix.testing.servers import (
     start,
     stored,
 )
-from a2a_cancelfix.testing.sweep import ORIGINS, Report, Row, sweep
+from a2a_cancelfix.testing.sweep import sweep
 from a2a_cancelfix.testing.waits import BOUND, Changes, Gate, wait_all_tasks_blocked, within
 
 __all__ = [

@@ -36,8 +36,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from a2a_cancelfix.testing._origins import BY_NAME
 from a2a_cancelfix.testing._probe import Point
-from a2a_cancelfix.testing.sweep import Plan, Report, check_setup, landings_at
+from a2a_cancelfix.testing._report import Report
+from a2a_cancelfix.testing._world import Plan
+from a2a_cancelfix.testing.sweep import cancelled, check_setup
 from a2a_cancelfix.testing.waits import in_own_loop
 
 if sys.version_info >= (3, 11):
@@ -101,7 +104,7 @@ def read(path: str | Path) -> _Scenario:
         raise ScenarioError(f"{path} is not a scenario file: {problems}") from None
     cancel = scenario.cancel
     point = Point(-1, cancel.kind, cancel.at, shielded=cancel.shielded)
-    landings = landings_at(point, cancel.origin)
+    landings = BY_NAME[cancel.origin].landings(point)
     if cancel.landing not in landings:
         raise ScenarioError(
             f"{path} is not a scenario file: landing = {cancel.landing!r} is not a landing of a"
@@ -160,7 +163,7 @@ def play(path: str | Path) -> Report:
     expect = {name: _allowed(value) for name, value in scenario.expect.model_dump(exclude_none=True).items()}
     plan = Plan(factory, scenario.messages, scenario.grace_period, released, scenario.executor, expect=expect)
     with concurrent.futures.ThreadPoolExecutor(1) as thread:  # Its own loop, whoever calls.
-        row = thread.submit(in_own_loop, plan.row, point, cancel.origin, cancel.landing).result()
+        row = thread.submit(in_own_loop, cancelled, plan, point, cancel.origin, cancel.landing).result()
     return Report([row])
 
 
