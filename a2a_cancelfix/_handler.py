@@ -43,6 +43,7 @@ from a2a_cancelfix._push import BackgroundPushSender
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix._unwatched import Observer
 from a2a_cancelfix.checkpoints import Probe
+from a2a_cancelfix.notices import LocalNotices
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -162,15 +163,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             agent_executor = agent_executor.__wrapped__
         arguments = _SDK_INIT.bind(self, agent_executor, *args, **kwargs)
         given = arguments.arguments.get("task_store")
-        store = arguments.arguments["task_store"] = _guarded(given)
-        solo = given if type(given) is InMemoryTaskStore else None  # Exactly the SDK's (see replicas).
+        peers = _peers_of(given)
+        store = arguments.arguments["task_store"] = _guarded(given, peers)
         push_configs = arguments.arguments.get("push_config_store")
         self._lifecycle = Lifecycle(
             agent_executor,
             settings,
             handler=self,
             store=store,
-            solo=solo,
+            peers=peers,
             push_configs=push_configs,
             probe=probe,
         )
@@ -519,11 +520,18 @@ def _state_name(task: Task) -> str:
     return _sdk.state_name(task.status.state)
 
 
-def _guarded(store: Any) -> Any:
-    """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet."""
+def _peers_of(store: Any) -> LocalNotices | None:
+    """The notices of the handlers sharing ``store``'s ``InMemoryTaskStore`` (bare or guarded), if so."""
+    inner = store.wrapped if isinstance(store, FinalStateTaskStore) else store
+    return LocalNotices.of(inner) if type(inner) is InMemoryTaskStore else None
+
+
+def _guarded(store: Any, peers: LocalNotices | None) -> Any:
+    """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet:
+    a bare ``InMemoryTaskStore`` with the notices of the handlers sharing it."""
     if isinstance(store, FinalStateTaskStore) or not guardable(store):
         return store  # Guarded already, or a store whose guard would be a read then a write, a race.
-    return FinalStateTaskStore(store)
+    return FinalStateTaskStore(store, notices=peers)
 
 
 # The SDK's own constructor and shutdown, as the SDK defines them: ours call them, also once

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from a2a.server.tasks import PushNotificationConfigStore
 
     from a2a_cancelfix.checkpoints import Probe
+    from a2a_cancelfix.notices import LocalNotices
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -66,7 +67,8 @@ class Lifecycle:
         settings: the options, checked.
         handler: our handler (the SDK's class), or None under the stock handler.
         store: the task store given to ``handler``.
-        solo: the bare ``InMemoryTaskStore`` the user gave, if so (see `RemoteCancels`).
+        peers: the notices of the handlers sharing the handler's ``InMemoryTaskStore``, if
+            it has one (see `RemoteCancels`).
         push_configs: the handler's push config store (a task with a config is watched).
         probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
@@ -78,7 +80,7 @@ class Lifecycle:
         *,
         handler: DefaultRequestHandlerV2 | None = None,
         store: Any = None,
-        solo: Any = None,
+        peers: LocalNotices | None = None,
         push_configs: PushNotificationConfigStore | None = None,
         probe: Probe | None = None,
     ) -> None:
@@ -101,13 +103,13 @@ class Lifecycle:
         self.remote = (
             None
             if handler is None
-            else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
+            else RemoteCancels(self, handler, store, settings.replica_poll_interval, peers)
         )
         after = settings.cancel_unwatched_after
         self.watchers = (
             None
             if self.remote is None or after is None
-            else Watchers(self, after, settings.cancel_unwatched_parked, store, push_configs, self.remote)
+            else Watchers(self, after, settings.cancel_unwatched_parked, push_configs, self.remote)
         )
 
     @property

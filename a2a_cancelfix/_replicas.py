@@ -14,19 +14,17 @@ import collections
 import contextlib
 import logging
 import math
-import weakref
 from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from a2a.server.agent_execution import RequestContext
-from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep, wait_set
 from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix._unwatched import WATCHED
-from a2a_cancelfix.notices import keep_listening
+from a2a_cancelfix.notices import LocalNotices, keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
 
 if TYPE_CHECKING:
@@ -43,13 +41,6 @@ Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
 _REFUSALS_KEPT = 10_000
-
-# The handlers of each InMemoryTaskStore. Such a store lives in this process: while one
-# handler has it, no cancel can be recorded elsewhere and its runs never look (no read, no
-# clock, per event); once a second handler shares it, all of them look from then on.
-_sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[RemoteCancels]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 class Watched(Protocol):
@@ -93,8 +84,10 @@ class RemoteCancels:
         handler: our handler, whose store is read and whose runs are found.
         store: the task store the handler was given.
         poll: seconds between two polls while no notices are heard; None never polls.
-        solo: the bare ``InMemoryTaskStore`` the handler was given, which lives in this process:
-            its runs look only once a second handler shares it.
+        peers: the notices of the handlers of this process that share the handler's
+            ``InMemoryTaskStore``, if it has one: what they watch is told through them. Where
+            they are the store's own notices too (the handler guards a bare store itself),
+            only such handlers write there: the runs look once a second one shares it.
     """
 
     def __init__(
@@ -103,7 +96,7 @@ class RemoteCancels:
         handler: DefaultRequestHandlerV2,
         store: Any,
         poll: float | None,
-        solo: InMemoryTaskStore | None = None,
+        peers: LocalNotices | None = None,
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
         self.watching = self.hearing = False
@@ -111,17 +104,14 @@ class RemoteCancels:
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
         self.notices = None if self._guarded is None else self._guarded.notices
+        self.peers = peers
         self._unsubscribe = None if self._guarded is None else self._guarded.subscribe(refused=self.refused)
         self.poll = self.interval = math.inf if poll is None else poll
-        if poll is not None or self.notices is not None:
-            if solo is not None:
-                peers = _sharing.setdefault(solo, weakref.WeakSet())
-                peers.add(self)
-                if len(peers) > 1:
-                    for peer in peers:
-                        peer._watch()
-            else:
-                self._watch()
+        # The peers' notices come to `noticed` directly: nothing to listen to, nothing lost.
+        told_directly = peers is not None and self.notices is peers
+        self._listens = self.notices is not None and not told_directly
+        if self._listens or (poll is not None and not told_directly):
+            self._watch()
         self._parked_looks: asyncio.TimerHandle | None = None
         # Tasks a save of whose was refused over a stored end, the last ones, oldest first:
         # read (for every stream's end) to tell whether `as_stored` has anything to do.
@@ -130,12 +120,21 @@ class RemoteCancels:
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Future[None] | None = None
         # Whether `listen` has something to start: read for every message, a call is not.
-        self.must_listen = self.notices is not None
+        self.must_listen = self._listens
+        if peers is not None:
+            peers.join(self)  # Last: it may call `store_shared` at once.
 
     def _watch(self) -> None:
         """Look for cancels recorded elsewhere: runs poll until notices are heard, and whenever
         they are not; so do the parked tasks."""
         self.watching = True
+
+    def store_shared(self) -> None:
+        """A second handler shares the store: if it tells its cancels here directly, look for
+        them from now on, hearing them all (no poll)."""
+        if self.notices is not None and self.notices is self.peers:
+            self.watching = self.hearing = True
+            self.interval = math.inf
 
     def noticed(self, task_id: str) -> None:
         """Another replica may have ended ``task_id``: its run or parked task here looks now.
@@ -230,7 +229,7 @@ class RemoteCancels:
         if self._unsubscribe is not None:
             self._unsubscribe()
         listener, self._listener = self._listener, None
-        self.must_listen = self.notices is not None
+        self.must_listen = self._listens
         if listener is not None:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -78,7 +78,7 @@ from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
-from a2a_cancelfix.notices import notices_for
+from a2a_cancelfix.notices import LocalNotices, notices_for
 
 if TYPE_CHECKING:
     from a2a_cancelfix.notices import CancelNotices
@@ -329,6 +329,9 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
     """Return the guarded save for an InMemoryTaskStore: check and write under its lock."""
     memory = _sdk.memory_tasks(store)
     tasks, lock, owner_of, copying = memory.tasks, memory.lock, memory.owner_resolver, memory.copying
+    # Notices that only this process's handlers hear: nothing to announce until two share it.
+    local = guard.notices if isinstance(guard.notices, LocalNotices) else None
+    announcing = guard.notices is not None and local is None
 
     async def save(task: Task, context: ServerCallContext) -> None:
         # Every save of every message comes through here: no call of ours inside, and each
@@ -349,7 +352,7 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
                     owned[task_id] = kept
                 else:
                     owned[task_id] = task
-        if stored is not None or guard.notices is not None:
+        if stored is not None or announcing or (local is not None and local.shared):
             await guard._saved(task, stored)
         elif guard._told_saved:
             guard._tell_saved(task)

@@ -46,9 +46,9 @@ from a2a_cancelfix import _sdk, checkpoints
 from a2a_cancelfix._cancel.settings import Settings, Timing
 from a2a_cancelfix._executor import CancellableExecutor
 from a2a_cancelfix._handler import DefaultRequestHandler
+from a2a_cancelfix.notices import LocalNotices
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
-from a2a_cancelfix.testing._notices import LocalNotices
 from a2a_cancelfix.testing._probe import Point, Probe, _is_framework, describe, note_user, users_frame
 from a2a_cancelfix.testing._table import table
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
