@@ -165,16 +165,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         given = arguments.arguments.get("task_store")
         peers = _peers_of(given)
         store = arguments.arguments["task_store"] = _guarded(given, peers)
-        push_configs = arguments.arguments.get("push_config_store")
-        self._lifecycle = Lifecycle(
-            agent_executor,
-            settings,
-            handler=self,
-            store=store,
-            peers=peers,
-            push_configs=push_configs,
-            probe=probe,
-        )
+        self._lifecycle = Lifecycle(agent_executor, settings, probe=probe)
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         self._pushes: BackgroundPushSender | None = None
         if arguments.arguments.get("push_sender") is not None:
@@ -187,9 +178,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             _sdk_init(*arguments.args, **arguments.kwargs)
         for warning in raised:
             warnings.warn(warning.message, warning.category, stacklevel=3)
-        remote = self._lifecycle.remote
-        assert remote is not None  # Built with the handler.
-        self._remote = remote
+        push_configs = arguments.arguments.get("push_config_store")
+        self._remote = self._lifecycle.bind(self, store, push_configs, peers)
         self.cancel_grace_period = settings.cancel_grace_period
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled

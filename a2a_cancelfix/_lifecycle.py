@@ -48,10 +48,9 @@ logger = logging.getLogger("a2a_cancelfix")
 class Lifecycle:
     """Every cancel of one executor's tasks, from any origin, through the steps of `Step`.
 
-    Built once, with all it needs: by our handler (``handler``: the SDK's handler whose
-    registry, store and own cancel it uses; ``store``: the task store the handler was given),
-    or by a `CancellableExecutor` under the SDK's stock handler (neither). Nothing configures
-    it afterwards.
+    Built with the executor and the options, as the SDK's handler is given its proxy of the
+    executor; our handler, once the SDK's constructor has run, hands itself over in `bind`,
+    the one wiring step. Under the SDK's stock handler nothing binds it.
 
     Entries, one per origin, each through `Cancellation` and `_drive`:
 
@@ -65,33 +64,21 @@ class Lifecycle:
     Args:
         executor: the wrapped executor, whose ``cancel()`` a cancel calls.
         settings: the options, checked.
-        handler: our handler (the SDK's class), or None under the stock handler.
-        store: the task store given to ``handler``.
-        peers: the notices of the handlers sharing the handler's ``InMemoryTaskStore``, if
-            it has one (see `RemoteCancels`).
-        push_configs: the handler's push config store (a task with a config is watched).
         probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
 
-    def __init__(
-        self,
-        executor: AgentExecutor,
-        settings: Settings,
-        *,
-        handler: DefaultRequestHandlerV2 | None = None,
-        store: Any = None,
-        peers: LocalNotices | None = None,
-        push_configs: PushNotificationConfigStore | None = None,
-        probe: Probe | None = None,
-    ) -> None:
+    # Until `bind`: the SDK's own cancel drives, and the work runs apart.
+    handler: DefaultRequestHandlerV2 | None = None
+    inline = False
+    writes: CanceledWrites | None = None
+    remote: RemoteCancels | None = None
+    watchers: Watchers | None = None
+
+    def __init__(self, executor: AgentExecutor, settings: Settings, *, probe: Probe | None = None) -> None:
         self.executor = executor
         self.name = executor.__class__.__name__  # A proxy's too, as isinstance sees it.
         self.settings = settings
         self.probe = probe
-        self.handler = handler
-        # Under our handler, which drives every cancel, the work runs in the SDK's own task;
-        # else the SDK's own cancel drives, and the work runs apart.
-        self.inline = handler is not None and _sdk.SUPPORTED
         self.works: dict[str, Work] = {}
         self.cancellations: dict[str, Cancellation] = {}
         # Tasks whose run returned without ending them (parked, most likely), with the caller
@@ -99,18 +86,33 @@ class Lifecycle:
         self.parked: dict[str, ServerCallContext] = {}
         # Follow-up messages accepted for a running task that no run has taken yet, by id.
         self._follow_ups: set[str] = set()
-        self.writes = None if handler is None else CanceledWrites(handler)
-        self.remote = (
-            None
-            if handler is None
-            else RemoteCancels(self, handler, store, settings.replica_poll_interval, peers)
-        )
+
+    def bind(
+        self,
+        handler: DefaultRequestHandlerV2,
+        store: Any,
+        push_configs: PushNotificationConfigStore | None,
+        peers: LocalNotices | None,
+    ) -> RemoteCancels:
+        """Serve our ``handler``, built: it drives every cancel, and the work runs in the SDK's
+        own task. Returns its watch for cancels recorded by other replicas.
+
+        Args:
+            handler: our handler (the SDK's class), whose registry, store and own cancel are used.
+            store: the task store the handler was given.
+            push_configs: the handler's push config store (a task with a config is watched).
+            peers: the notices of the handlers sharing the handler's ``InMemoryTaskStore``, if
+                it has one (see `RemoteCancels`).
+        """
+        settings = self.settings
+        self.handler = handler
+        self.inline = _sdk.SUPPORTED
+        self.writes = CanceledWrites(handler)
+        remote = self.remote = RemoteCancels(self, handler, store, settings.replica_poll_interval, peers)
         after = settings.cancel_unwatched_after
-        self.watchers = (
-            None
-            if self.remote is None or after is None
-            else Watchers(self, after, settings.cancel_unwatched_parked, push_configs, self.remote)
-        )
+        if after is not None:
+            self.watchers = Watchers(self, after, settings.cancel_unwatched_parked, push_configs, remote)
+        return remote
 
     @property
     def _writes(self) -> CanceledWrites:
