@@ -44,9 +44,9 @@ _REFUSALS_KEPT = 10_000
 
 
 class Watched(Protocol):
-    """What the watch looks after: a `lifecycle.Lifecycle`'s runs, parked tasks and cancels."""
+    """What the look-out looks after: a `Lifecycle`'s runs, parked tasks and cancels."""
 
-    # Read-only: the lifecycle's own dicts, of its own types, are what the watch reads.
+    # Read-only: the lifecycle's own dicts, of its own types, are what the look-out reads.
     @property
     def works(self) -> Mapping[str, Run]: ...
     @property
@@ -56,7 +56,7 @@ class Watched(Protocol):
     @property
     def watchers(self) -> Watchers | None: ...
 
-    async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
+    async def noticed_parked(self, stored: Task, live: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
 
     async def close_run(self, task_id: str) -> None:
@@ -64,13 +64,12 @@ class Watched(Protocol):
 
 
 class RemoteCancels:
-    """One handler's watch for cancels recorded by other replicas.
+    """One handler's look-out for cancels recorded by other replicas.
 
-    Built by the lifecycle it serves, as the handler is built (nothing of the handler's is read
-    before the first run or request).
+    Built by the lifecycle it serves once the handler is built (`Lifecycle.bind`).
 
     Attributes:
-        watching: whether the lifecycle's runs and parked tasks look for remote cancels: not
+        looking: whether the lifecycle's runs and parked tasks look for remote cancels: not
             on a bare ``InMemoryTaskStore`` only one handler has, nor with ``poll`` None and
             no notices.
         interval: seconds between two looks of a run, now: ``poll``, or ``math.inf`` while
@@ -80,7 +79,7 @@ class RemoteCancels:
             what the other replicas told before is unknown here.
 
     Args:
-        lifecycle: the handler's lifecycle, whose runs and parked tasks are watched.
+        lifecycle: the handler's lifecycle, whose runs and parked tasks look.
         handler: our handler, whose store is read and whose runs are found.
         store: the task store the handler was given.
         poll: seconds between two polls while no notices are heard; None never polls.
@@ -99,7 +98,7 @@ class RemoteCancels:
         peers: LocalNotices | None = None,
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
-        self.watching = self.hearing = False
+        self.looking = self.hearing = False
         self.heard_since = -math.inf
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
@@ -111,7 +110,7 @@ class RemoteCancels:
         told_directly = peers is not None and self.notices is peers
         self._listens = self.notices is not None and not told_directly
         if self._listens or (poll is not None and not told_directly):
-            self._watch()
+            self._look()
         self._parked_looks: asyncio.TimerHandle | None = None
         # Tasks a save of whose was refused over a stored end, the last ones, oldest first:
         # read (for every stream's end) to tell whether `as_stored` has anything to do.
@@ -124,16 +123,16 @@ class RemoteCancels:
         if peers is not None:
             peers.join(self)  # Last: it may call `store_shared` at once.
 
-    def _watch(self) -> None:
+    def _look(self) -> None:
         """Look for cancels recorded elsewhere: runs poll until notices are heard, and whenever
         they are not; so do the parked tasks."""
-        self.watching = True
+        self.looking = True
 
     def store_shared(self) -> None:
         """A second handler shares the store: if it tells its cancels here directly, look for
         them from now on, hearing them all (no poll)."""
         if self.notices is not None and self.notices is self.peers:
-            self.watching = self.hearing = True
+            self.looking = self.hearing = True
             self.interval = math.inf
 
     def noticed(self, task_id: str) -> None:
@@ -296,8 +295,8 @@ class RemoteCancels:
         caller = parked.get(task_id)
         if caller is None:
             return
-        active = await _sdk.live_task(self.handler, task_id)
-        if active is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
+        live = await _sdk.live_task(self.handler, task_id)
+        if live is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
             if parked.get(task_id) is caller:
                 del parked[task_id]
             return
@@ -318,4 +317,4 @@ class RemoteCancels:
             return  # Still parked; or parked here before the store has saved it (so).
         del parked[task_id]
         if stored.status.state == _sdk.CANCELED:
-            await self.lifecycle.noticed_parked(stored, active, caller)
+            await self.lifecycle.noticed_parked(stored, live, caller)

@@ -63,8 +63,8 @@ class Cancelling(Protocol):
     async def read(self, task_id: str, caller: ServerCallContext) -> Task | None:
         """The task as ``caller`` may see it."""
 
-    async def unwatched(self, task: Task, active: Any, caller: ServerCallContext, after: float) -> None:
-        """Cancel ``task``, whose run here is ``active``, as nobody watched it for ``after`` s."""
+    async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
+        """Cancel ``task``, whose run here is ``live``, as nobody watched it for ``after`` s."""
 
 
 class Observer:
@@ -242,7 +242,7 @@ class Watchers:
         lifecycle = self._lifecycle
         try:
             task = await lifecycle.read(task_id, caller)
-            active = await _sdk.live_task(lifecycle.handler, task_id)
+            live = await _sdk.live_task(lifecycle.handler, task_id)
             configs = [] if self._push_configs is None else await self._push_configs.get_info(task_id, caller)
         except Exception:
             logger.warning("could not read task %s to cancel it as unwatched", task_id, exc_info=True)
@@ -251,7 +251,7 @@ class Watchers:
             return
         if self._since.get(task_id) != since or task_id in self._open or task_id in lifecycle.cancellations:
             return  # Watched again, or being cancelled already.
-        if active is None or (task is not None and task.status.state in _sdk.TERMINAL_STATES):
+        if live is None or (task is not None and task.status.state in _sdk.TERMINAL_STATES):
             self._forget(task_id)
             return
         if task is None or (task.status.state in _sdk.PARKED_STATES and not self.parked_too):
@@ -268,7 +268,7 @@ class Watchers:
             self._start_clock(task_id)
             return
         self._forget(task_id)
-        await lifecycle.unwatched(task, active, caller, self.after)
+        await lifecycle.unwatched(task, live, caller, self.after)
 
     # The other replicas.
 
