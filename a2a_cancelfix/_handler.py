@@ -43,6 +43,7 @@ from a2a_cancelfix._push import BackgroundPushSender
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix._unwatched import Observer
 from a2a_cancelfix.checkpoints import Probe
+from a2a_cancelfix.notices import LocalNotices
 from a2a_cancelfix.store import FinalStateTaskStore, guardable
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -162,18 +163,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             agent_executor = agent_executor.__wrapped__
         arguments = _SDK_INIT.bind(self, agent_executor, *args, **kwargs)
         given = arguments.arguments.get("task_store")
-        store = arguments.arguments["task_store"] = _guarded(given)
-        solo = given if type(given) is InMemoryTaskStore else None  # Exactly the SDK's (see replicas).
-        push_configs = arguments.arguments.get("push_config_store")
-        self._lifecycle = Lifecycle(
-            agent_executor,
-            settings,
-            handler=self,
-            store=store,
-            solo=solo,
-            push_configs=push_configs,
-            probe=probe,
-        )
+        peers = _peers_of(given)
+        store = arguments.arguments["task_store"] = _guarded(given, peers)
+        self._lifecycle = Lifecycle(agent_executor, settings, probe=probe)
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         self._pushes: BackgroundPushSender | None = None
         if arguments.arguments.get("push_sender") is not None:
@@ -186,9 +178,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             _sdk_init(*arguments.args, **arguments.kwargs)
         for warning in raised:
             warnings.warn(warning.message, warning.category, stacklevel=3)
-        remote = self._lifecycle.remote
-        assert remote is not None  # Built with the handler.
-        self._remote = remote
+        push_configs = arguments.arguments.get("push_config_store")
+        self._remote = self._lifecycle.bind(self, store, push_configs, peers)
         self.cancel_grace_period = settings.cancel_grace_period
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled
@@ -519,11 +510,18 @@ def _state_name(task: Task) -> str:
     return _sdk.state_name(task.status.state)
 
 
-def _guarded(store: Any) -> Any:
-    """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet."""
+def _peers_of(store: Any) -> LocalNotices | None:
+    """The notices of the handlers sharing ``store``'s ``InMemoryTaskStore`` (bare or guarded), if so."""
+    inner = store.wrapped if isinstance(store, FinalStateTaskStore) else store
+    return LocalNotices.of(inner) if type(inner) is InMemoryTaskStore else None
+
+
+def _guarded(store: Any, peers: LocalNotices | None) -> Any:
+    """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet:
+    a bare ``InMemoryTaskStore`` with the notices of the handlers sharing it."""
     if isinstance(store, FinalStateTaskStore) or not guardable(store):
         return store  # Guarded already, or a store whose guard would be a read then a write, a race.
-    return FinalStateTaskStore(store)
+    return FinalStateTaskStore(store, notices=peers)
 
 
 # The SDK's own constructor and shutdown, as the SDK defines them: ours call them, also once

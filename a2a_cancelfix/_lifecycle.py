@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from a2a.server.tasks import PushNotificationConfigStore
 
     from a2a_cancelfix.checkpoints import Probe
+    from a2a_cancelfix.notices import LocalNotices
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -47,10 +48,9 @@ logger = logging.getLogger("a2a_cancelfix")
 class Lifecycle:
     """Every cancel of one executor's tasks, from any origin, through the steps of `Step`.
 
-    Built once, with all it needs: by our handler (``handler``: the SDK's handler whose
-    registry, store and own cancel it uses; ``store``: the task store the handler was given),
-    or by a `CancellableExecutor` under the SDK's stock handler (neither). Nothing configures
-    it afterwards.
+    Built with the executor and the options, as the SDK's handler is given its proxy of the
+    executor; our handler, once the SDK's constructor has run, hands itself over in `bind`,
+    the one wiring step. Under the SDK's stock handler nothing binds it.
 
     Entries, one per origin, each through `Cancellation` and `_drive`:
 
@@ -64,32 +64,21 @@ class Lifecycle:
     Args:
         executor: the wrapped executor, whose ``cancel()`` a cancel calls.
         settings: the options, checked.
-        handler: our handler (the SDK's class), or None under the stock handler.
-        store: the task store given to ``handler``.
-        solo: the bare ``InMemoryTaskStore`` the user gave, if so (see `RemoteCancels`).
-        push_configs: the handler's push config store (a task with a config is watched).
         probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
 
-    def __init__(
-        self,
-        executor: AgentExecutor,
-        settings: Settings,
-        *,
-        handler: DefaultRequestHandlerV2 | None = None,
-        store: Any = None,
-        solo: Any = None,
-        push_configs: PushNotificationConfigStore | None = None,
-        probe: Probe | None = None,
-    ) -> None:
+    # Until `bind`: the SDK's own cancel drives, and the work runs apart.
+    handler: DefaultRequestHandlerV2 | None = None
+    inline = False
+    writes: CanceledWrites | None = None
+    remote: RemoteCancels | None = None
+    watchers: Watchers | None = None
+
+    def __init__(self, executor: AgentExecutor, settings: Settings, *, probe: Probe | None = None) -> None:
         self.executor = executor
         self.name = executor.__class__.__name__  # A proxy's too, as isinstance sees it.
         self.settings = settings
         self.probe = probe
-        self.handler = handler
-        # Under our handler, which drives every cancel, the work runs in the SDK's own task;
-        # else the SDK's own cancel drives, and the work runs apart.
-        self.inline = handler is not None and _sdk.SUPPORTED
         self.works: dict[str, Work] = {}
         self.cancellations: dict[str, Cancellation] = {}
         # Tasks whose run returned without ending them (parked, most likely), with the caller
@@ -97,18 +86,33 @@ class Lifecycle:
         self.parked: dict[str, ServerCallContext] = {}
         # Follow-up messages accepted for a running task that no run has taken yet, by id.
         self._follow_ups: set[str] = set()
-        self.writes = None if handler is None else CanceledWrites(handler)
-        self.remote = (
-            None
-            if handler is None
-            else RemoteCancels(self, handler, store, settings.replica_poll_interval, solo)
-        )
+
+    def bind(
+        self,
+        handler: DefaultRequestHandlerV2,
+        store: Any,
+        push_configs: PushNotificationConfigStore | None,
+        peers: LocalNotices | None,
+    ) -> RemoteCancels:
+        """Serve our ``handler``, built: it drives every cancel, and the work runs in the SDK's
+        own task. Returns its look-out for cancels recorded by other replicas.
+
+        Args:
+            handler: our handler (the SDK's class), whose registry, store and own cancel are used.
+            store: the task store the handler was given.
+            push_configs: the handler's push config store (a task with a config is watched).
+            peers: the notices of the handlers sharing the handler's ``InMemoryTaskStore``, if
+                it has one (see `RemoteCancels`).
+        """
+        settings = self.settings
+        self.handler = handler
+        self.inline = _sdk.SUPPORTED
+        self.writes = CanceledWrites(handler)
+        remote = self.remote = RemoteCancels(self, handler, store, settings.replica_poll_interval, peers)
         after = settings.cancel_unwatched_after
-        self.watchers = (
-            None
-            if self.remote is None or after is None
-            else Watchers(self, after, settings.cancel_unwatched_parked, store, push_configs, self.remote)
-        )
+        if after is not None:
+            self.watchers = Watchers(self, after, settings.cancel_unwatched_parked, push_configs, remote)
+        return remote
 
     @property
     def _writes(self) -> CanceledWrites:
@@ -140,7 +144,7 @@ class Lifecycle:
                 _log_cancel(task_id, "unknown task", "TaskNotFound", 0.0, False)
                 raise TaskNotFoundError
             # Looked up once, so that a cancel resumed without its caller takes the same path.
-            active = await _sdk.live_task(self._handler, task_id)
+            live = await _sdk.live_task(self._handler, task_id)
         except BaseException:
             if answer is not None:
                 answer.cancel()
@@ -158,21 +162,21 @@ class Lifecycle:
         answer = cancellation.join()
         try:
             # The first caller drives the cancel itself: a task of its own would cost a
-            # wake-up at each end, a tenth of a fast cancel.
-            await self._drive(cancellation, task, active, caller)
+            # wake-up at each end.
+            await self._drive(cancellation, task, live, caller)
         except asyncio.CancelledError:
             # Its client went away. The cancel goes on without it, from the top: every step
             # it had done is done once, every wait ends at the same deadline.
             answer.cancel()
-            keep(self._drive(cancellation, task, active, caller))
+            keep(self._drive(cancellation, task, live, caller))
             raise
         return answer.result()
 
-    async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
+    async def noticed_parked(self, stored: Task, live: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
         cancellation = self._begin(stored.id, Cancellation.recorded_elsewhere, stored)
         try:
-            await self._drive(cancellation, stored, active, caller)
+            await self._drive(cancellation, stored, live, caller)
         finally:
             _telemetry.end(cancellation.span)
 
@@ -194,7 +198,7 @@ class Lifecycle:
 
         async def carry_out() -> None:
             try:
-                await self._drive(cancellation, stored, None, None, here=(here, queue))
+                await self._drive(cancellation, stored, None, None, on_queue=(here, queue))
             finally:
                 _telemetry.end(cancellation.span)
 
@@ -203,8 +207,8 @@ class Lifecycle:
         finally:  # Started only now: the checkpoint that looked raises before it stops the work.
             keep(carry_out())
 
-    async def unwatched(self, task: Task, active: Any, caller: ServerCallContext, after: float) -> None:
-        """Cancel ``task``, whose run here is ``active``, as a client's cancel would: nobody
+    async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
+        """Cancel ``task``, whose run here is ``live``, as a client's cancel would: nobody
         watched it for ``after`` seconds (see _unwatched.py)."""
         if task.id in self.cancellations:
             return
@@ -212,7 +216,7 @@ class Lifecycle:
         span = cancellation.span
         try:
             with _telemetry.current(span):
-                await self._drive(cancellation, task, active, caller)
+                await self._drive(cancellation, task, live, caller)
         finally:
             _telemetry.end(span)
 
@@ -221,7 +225,7 @@ class Lifecycle:
         task_id = context.task_id or ""
         cancellation = self._begin(task_id, Cancellation.requested, task_id)
         # A parked run's queue is closed by the stock handler on its own: CANCELED first.
-        await self._drive(cancellation, None, None, None, here=(context, queue))
+        await self._drive(cancellation, None, None, None, on_queue=(context, queue))
         if cancellation.failure is not None:  # FAILED is published; the SDK answers with it.
             raise cancellation.failure
 
@@ -231,9 +235,9 @@ class Lifecycle:
         In upstream's cluster mode on a2a-sdk 1.2.0-1.2.2 such a run never closes by itself:
         its teardown waits for good for a stream to take the SDK's request marker.
         """
-        active = await _sdk.run_of(self._handler, task_id)
-        if active is not None:
-            _tear_down(active, task_id, self.settings.timeline())
+        live = await _sdk.run_of(self._handler, task_id)
+        if live is not None:
+            _tear_down(live, task_id, self.settings.timeline())
 
     # The runs.
 
@@ -249,7 +253,7 @@ class Lifecycle:
         return False
 
     def start(self, task_id: str, context: RequestContext, queue: EventQueue) -> Work:
-        """A run of ``execute()`` of ``task_id`` begins: its scope, watching for remote cancels
+        """A run of ``execute()`` of ``task_id`` begins: its scope, looking for remote cancels
         if any can come."""
         if self._follow_ups and context.message is not None:
             self._follow_ups.discard(context.message.message_id)  # Taken: this run processes it.
@@ -258,7 +262,7 @@ class Lifecycle:
         if self.watchers is not None:
             self.watchers.run_started(context)
         remote = self.remote
-        if remote is not None and remote.watching:
+        if remote is not None and remote.looking:
             look = functools.partial(self._look, context, queue)
             work = Work(task_id, look, remote.interval, self.probe)
         else:
@@ -278,12 +282,12 @@ class Lifecycle:
         """A run returned without ending its task: another replica may cancel it meanwhile."""
         if self.watchers is not None:
             self.watchers.parked(task_id)
-        if self.remote is not None and self.remote.watching:
+        if self.remote is not None and self.remote.looking:
             self.parked[task_id] = caller
             self.remote.look_at_parked_soon()
 
     async def _look(self, context: RequestContext, queue: EventQueue) -> None:
-        """A run's watch: read the task, and carry out here a cancel another replica stored."""
+        """A run's look: read the task, and carry out here a cancel another replica stored."""
         assert self.remote is not None
         try:
             stored = await self.remote.read_for(context)
@@ -335,51 +339,51 @@ class Lifecycle:
         self,
         cancellation: Cancellation,
         task: Task | None,
-        active: _sdk.LiveRun | None,
+        live: _sdk.LiveRun | None,
         caller: ServerCallContext | None,
         *,
-        here: tuple[RequestContext, EventQueue] | None = None,
+        on_queue: tuple[RequestContext, EventQueue] | None = None,
     ) -> None:
         """Carry the cancel out (steps 2-6), answer every caller (7), let the run close (8).
 
-        ``here``: the run's context and queue, where the cancel is carried out on them (a
+        ``on_queue``: the run's context and queue, where the cancel is carried out on them (a
         look in the run, the stock handler's ``cancel()``); else ``task``, read by
-        ``caller``, whose run here is ``active`` (None: not live here). Interrupted, it
+        ``caller``, whose run here is ``live`` (None: not live here). Interrupted, it
         answers nobody and can be called again to finish.
         """
         outcome: Task | BaseException | None = None
         try:
-            if here is not None:
-                context, queue = here
+            if on_queue is not None:
+                context, queue = on_queue
                 await cancellation.carry_out(context, queue, publish_first=cancellation.work is None)
             else:
                 assert task is not None and caller is not None
-                outcome = await self._cancel(cancellation, task, active, caller)
+                outcome = await self._cancel(cancellation, task, live, caller)
         except A2AError as error:
             outcome = error
         except Exception as error:  # A store that fails mid-cancel: every caller learns it.
             logger.warning("the cancel of task %s failed", cancellation.task_id, exc_info=True)
             outcome = InternalError(message=f"The cancel failed: {type(error).__name__}")
         finally:
-            if here is not None:  # Nothing resumes a cancel carried out on a run's queue.
+            if on_queue is not None:  # Nothing resumes a cancel carried out on a run's queue.
                 self.end(cancellation)
-        if here is not None:
+        if on_queue is not None:
             return
         assert outcome is not None
         cancellation.answer(outcome)
         self.end(cancellation)
-        if active is not None:  # Behind the answers, so that it does not delay them.
+        if live is not None:  # Behind the answers, so that it does not delay them.
             loop = asyncio.get_running_loop()
-            loop.call_soon(_tear_down, active, cancellation.task_id, cancellation.timeline)
+            loop.call_soon(_tear_down, live, cancellation.task_id, cancellation.timeline)
 
     async def _cancel(
-        self, cancellation: Cancellation, task: Task, active: _sdk.LiveRun | None, caller: ServerCallContext
+        self, cancellation: Cancellation, task: Task, live: _sdk.LiveRun | None, caller: ServerCallContext
     ) -> Task:
-        """Cancel ``task``, whose run here is ``active`` (None: it has none live here)."""
+        """Cancel ``task``, whose run here is ``live`` (None: it has none live here)."""
         started = time.monotonic()
-        if active is not None:
+        if live is not None:
             path = cancellation.path or ("parked" if task.status.state in _sdk.PARKED_STATES else "live")
-            result = await self._cancel_live(cancellation, active, task, caller)
+            result = await self._cancel_live(cancellation, live, task, caller)
         elif _sdk.SUPPORTED and not _sdk.SDK_CANCELS_WHERE_NOT_LIVE:
             path, result = "not live here", await self._writes.write(cancellation, caller)
         else:
@@ -395,17 +399,17 @@ class Lifecycle:
         )
 
     async def _cancel_live(
-        self, cancellation: Cancellation, active: _sdk.LiveRun, task: Task, caller: ServerCallContext
+        self, cancellation: Cancellation, live: _sdk.LiveRun, task: Task, caller: ServerCallContext
     ) -> Task:
         """Cancel a run of this process; return the task as it ended."""
         context = RequestContext(call_context=caller, task_id=task.id, context_id=task.context_id, task=task)
-        await cancellation.carry_out(context, _sdk.agent_queue(active))
-        recorded = await cancellation.settled(functools.partial(_sdk.wait_finished, active))
+        await cancellation.carry_out(context, _sdk.agent_queue(live))
+        recorded = await cancellation.settled(functools.partial(_sdk.wait_finished, live))
         result = await self.read(task.id, caller)
         if not recorded or result is None or result.status.state not in TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
             _telemetry.teardown_forced(task.id)
-            closed = functools.partial(_sdk.force_close, active, cancellation.timeline.timing.margin)
+            closed = functools.partial(_sdk.force_close, live, cancellation.timeline.timing.margin)
             return await self._writes.write(cancellation, caller, after=closed, stopped=True)
         return result
 
@@ -467,16 +471,16 @@ def _retrieve(call: asyncio.Future[Any]) -> None:
         call.exception()
 
 
-def _tear_down(active: _sdk.LiveRun, task_id: str, timeline: Timeline) -> None:
+def _tear_down(live: _sdk.LiveRun, task_id: str, timeline: Timeline) -> None:
     """Let the run close itself; force it closed if it does not in time."""
     span = _telemetry.current_span()  # The cancel's: the forced close is recorded under it.
 
     def stuck() -> None:
         logger.debug("run of task %s did not close in time; it is force-closed", task_id)
         _telemetry.teardown_forced(task_id, span)
-        keep(_sdk.force_close(active, timeline.timing.margin))
+        keep(_sdk.force_close(live, timeline.timing.margin))
 
-    _sdk.unless_closed_by(active, timeline.teardown_by(), stuck)
+    _sdk.unless_closed_by(live, timeline.teardown_by(), stuck)
 
 
 async def _joined(task_id: str, answer: asyncio.Future[Task]) -> Task:

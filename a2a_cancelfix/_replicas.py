@@ -14,19 +14,17 @@ import collections
 import contextlib
 import logging
 import math
-import weakref
 from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from a2a.server.agent_execution import RequestContext
-from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep, wait_set
 from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix._unwatched import WATCHED
-from a2a_cancelfix.notices import keep_listening
+from a2a_cancelfix.notices import LocalNotices, keep_listening
 from a2a_cancelfix.store import FinalStateTaskStore
 
 if TYPE_CHECKING:
@@ -44,18 +42,11 @@ Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
 _REFUSALS_KEPT = 10_000
 
-# The handlers of each InMemoryTaskStore. Such a store lives in this process: while one
-# handler has it, no cancel can be recorded elsewhere and its runs never look (no read, no
-# clock, per event); once a second handler shares it, all of them look from then on.
-_sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[RemoteCancels]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 class Watched(Protocol):
-    """What the watch looks after: a `lifecycle.Lifecycle`'s runs, parked tasks and cancels."""
+    """What the look-out looks after: a `Lifecycle`'s runs, parked tasks and cancels."""
 
-    # Read-only: the lifecycle's own dicts, of its own types, are what the watch reads.
+    # Read-only: the lifecycle's own dicts, of its own types, are what the look-out reads.
     @property
     def works(self) -> Mapping[str, Run]: ...
     @property
@@ -65,7 +56,7 @@ class Watched(Protocol):
     @property
     def watchers(self) -> Watchers | None: ...
 
-    async def noticed_parked(self, stored: Task, active: _sdk.LiveRun, caller: ServerCallContext) -> None:
+    async def noticed_parked(self, stored: Task, live: _sdk.LiveRun, caller: ServerCallContext) -> None:
         """Carry out here the cancel another replica recorded for a task parked here."""
 
     async def close_run(self, task_id: str) -> None:
@@ -73,13 +64,12 @@ class Watched(Protocol):
 
 
 class RemoteCancels:
-    """One handler's watch for cancels recorded by other replicas.
+    """One handler's look-out for cancels recorded by other replicas.
 
-    Built by the lifecycle it serves, as the handler is built (nothing of the handler's is read
-    before the first run or request).
+    Built by the lifecycle it serves once the handler is built (`Lifecycle.bind`).
 
     Attributes:
-        watching: whether the lifecycle's runs and parked tasks look for remote cancels: not
+        looking: whether the lifecycle's runs and parked tasks look for remote cancels: not
             on a bare ``InMemoryTaskStore`` only one handler has, nor with ``poll`` None and
             no notices.
         interval: seconds between two looks of a run, now: ``poll``, or ``math.inf`` while
@@ -89,12 +79,14 @@ class RemoteCancels:
             what the other replicas told before is unknown here.
 
     Args:
-        lifecycle: the handler's lifecycle, whose runs and parked tasks are watched.
+        lifecycle: the handler's lifecycle, whose runs and parked tasks look.
         handler: our handler, whose store is read and whose runs are found.
         store: the task store the handler was given.
         poll: seconds between two polls while no notices are heard; None never polls.
-        solo: the bare ``InMemoryTaskStore`` the handler was given, which lives in this process:
-            its runs look only once a second handler shares it.
+        peers: the notices of the handlers of this process that share the handler's
+            ``InMemoryTaskStore``, if it has one: what they watch is told through them. Where
+            they are the store's own notices too (the handler guards a bare store itself),
+            only such handlers write there: the runs look once a second one shares it.
     """
 
     def __init__(
@@ -103,25 +95,22 @@ class RemoteCancels:
         handler: DefaultRequestHandlerV2,
         store: Any,
         poll: float | None,
-        solo: InMemoryTaskStore | None = None,
+        peers: LocalNotices | None = None,
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
-        self.watching = self.hearing = False
+        self.looking = self.hearing = False
         self.heard_since = -math.inf
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
         self.notices = None if self._guarded is None else self._guarded.notices
+        self.peers = peers
         self._unsubscribe = None if self._guarded is None else self._guarded.subscribe(refused=self.refused)
         self.poll = self.interval = math.inf if poll is None else poll
-        if poll is not None or self.notices is not None:
-            if solo is not None:
-                peers = _sharing.setdefault(solo, weakref.WeakSet())
-                peers.add(self)
-                if len(peers) > 1:
-                    for peer in peers:
-                        peer._watch()
-            else:
-                self._watch()
+        # The peers' notices come to `noticed` directly: nothing to listen to, nothing lost.
+        told_directly = peers is not None and self.notices is peers
+        self._listens = self.notices is not None and not told_directly
+        if self._listens or (poll is not None and not told_directly):
+            self._look()
         self._parked_looks: asyncio.TimerHandle | None = None
         # Tasks a save of whose was refused over a stored end, the last ones, oldest first:
         # read (for every stream's end) to tell whether `as_stored` has anything to do.
@@ -130,12 +119,21 @@ class RemoteCancels:
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Future[None] | None = None
         # Whether `listen` has something to start: read for every message, a call is not.
-        self.must_listen = self.notices is not None
+        self.must_listen = self._listens
+        if peers is not None:
+            peers.join(self)  # Last: it may call `store_shared` at once.
 
-    def _watch(self) -> None:
+    def _look(self) -> None:
         """Look for cancels recorded elsewhere: runs poll until notices are heard, and whenever
         they are not; so do the parked tasks."""
-        self.watching = True
+        self.looking = True
+
+    def store_shared(self) -> None:
+        """A second handler shares the store: if it tells its cancels here directly, look for
+        them from now on, hearing them all (no poll)."""
+        if self.notices is not None and self.notices is self.peers:
+            self.looking = self.hearing = True
+            self.interval = math.inf
 
     def noticed(self, task_id: str) -> None:
         """Another replica may have ended ``task_id``: its run or parked task here looks now.
@@ -230,7 +228,7 @@ class RemoteCancels:
         if self._unsubscribe is not None:
             self._unsubscribe()
         listener, self._listener = self._listener, None
-        self.must_listen = self.notices is not None
+        self.must_listen = self._listens
         if listener is not None:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -297,8 +295,8 @@ class RemoteCancels:
         caller = parked.get(task_id)
         if caller is None:
             return
-        active = await _sdk.live_task(self.handler, task_id)
-        if active is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
+        live = await _sdk.live_task(self.handler, task_id)
+        if live is None:  # Its run here closed (a2a-sdk 1.3's idle timeout): nothing to tell.
             if parked.get(task_id) is caller:
                 del parked[task_id]
             return
@@ -319,4 +317,4 @@ class RemoteCancels:
             return  # Still parked; or parked here before the store has saved it (so).
         del parked[task_id]
         if stored.status.state == _sdk.CANCELED:
-            await self.lifecycle.noticed_parked(stored, active, caller)
+            await self.lifecycle.noticed_parked(stored, live, caller)

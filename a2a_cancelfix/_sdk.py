@@ -287,10 +287,10 @@ async def live_task(handler: DefaultRequestHandlerV2, task_id: str) -> LiveRun |
     if not SUPPORTED:
         return None
     # ActiveTaskRegistry.get(task_id): async, does not create; 1.0.0-1.3.0.
-    active = await handler._active_task_registry.get(task_id)
-    if active is None or active._is_finished.is_set():
+    live = await handler._active_task_registry.get(task_id)
+    if live is None or live._is_finished.is_set():
         return None
-    return active
+    return live
 
 
 def streams_remote_tasks(handler: DefaultRequestHandlerV2) -> bool:
@@ -334,9 +334,9 @@ def _task_store(handler: DefaultRequestHandlerV2) -> TaskStore:
     return handler.task_store  # type: ignore[return-value, unused-ignore]
 
 
-def agent_queue(active: LiveRun) -> EventQueue:
+def agent_queue(live: LiveRun) -> EventQueue:
     """The run's event queue; what goes in is saved, streamed and pushed by the SDK."""
-    return active._event_queue_agent  # 1.0.0-1.3.0
+    return live._event_queue_agent  # 1.0.0-1.3.0
 
 
 def drop_backlog(queue: EventQueue) -> dict[str, int]:
@@ -383,8 +383,7 @@ def _is_moot(event: object) -> bool:
 
 # The events that carry a task's status, tested as ``type(event) in STATUS_EVENTS``: protobuf's
 # message classes cannot be subclassed, and ``isinstance`` of one goes through its metaclass's
-# ``__instancecheck__`` (about 900 machine instructions, as many as reading a field; the hot
-# path tests each event of a message twice).
+# costly ``__instancecheck__`` (see BENCHMARKS.md).
 STATUS_EVENTS = frozenset((Task, TaskStatusUpdateEvent))
 
 
@@ -397,12 +396,12 @@ def terminal_state(event: Any) -> int | None:
     return None
 
 
-async def wait_finished(active: LiveRun, deadline: float) -> bool:
+async def wait_finished(live: LiveRun, deadline: float) -> bool:
     """Wait until the SDK recorded a terminal state for the run (or it died), by ``deadline``."""
-    return await wait_set(active._is_finished, deadline)  # 1.0.0-1.3.0
+    return await wait_set(live._is_finished, deadline)  # 1.0.0-1.3.0
 
 
-def unless_closed_by(active: LiveRun, deadline: float, stuck: Callable[[], Any]) -> None:
+def unless_closed_by(live: LiveRun, deadline: float, stuck: Callable[[], Any]) -> None:
     """Call ``stuck`` if the run has not closed on its own by ``deadline``.
 
     The producer's teardown closes the queues and ends the streams; cancelling it instead
@@ -411,7 +410,7 @@ def unless_closed_by(active: LiveRun, deadline: float, stuck: Callable[[], Any])
     tasks and one entry in the loop's `deadlines`.
     """
     # ActiveTask._producer_task and _consumer_task: 1.0.0-1.3.0
-    tasks = (active._producer_task, active._consumer_task)
+    tasks = (live._producer_task, live._consumer_task)
     running = [task for task in tasks if task is not None and not task.done()]
     if not running:
         return
@@ -426,28 +425,26 @@ def unless_closed_by(active: LiveRun, deadline: float, stuck: Callable[[], Any])
         task.add_done_callback(closed)
 
 
-async def force_close(active: LiveRun, timeout: float) -> None:
+async def force_close(live: LiveRun, timeout: float) -> None:
     """Tear a run down without its cooperation: queues closed, tasks cancelled, registry freed.
 
     Within ``timeout``, even when the work swallows its cancellation and so never ends.
     """
-    aclose: Callable[[], Awaitable[None]] | None = getattr(
-        active, "aclose", None
-    )  # ActiveTask.aclose: 1.1.2+
+    aclose: Callable[[], Awaitable[None]] | None = getattr(live, "aclose", None)  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
         # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
         await wait_done(keep(aclose()), deadline_in(timeout))
     else:  # 1.0.0-1.1.1: the same steps by hand.
-        active._request_queue.shutdown(immediate=True)
-        await active._event_queue_agent.close(immediate=True)
-        await active._event_queue_subscribers.close(immediate=True)
-        active._is_finished.set()
-        for task in (active._producer_task, active._consumer_task):
+        live._request_queue.shutdown(immediate=True)
+        await live._event_queue_agent.close(immediate=True)
+        await live._event_queue_subscribers.close(immediate=True)
+        live._is_finished.set()
+        for task in (live._producer_task, live._consumer_task):
             if task is not None:
                 task.cancel()
     # The registry drops a finished run once its last subscriber leaves: 1.0.0-1.3.0.
     with contextlib.suppress(Exception):
-        await active._maybe_cleanup()
+        await live._maybe_cleanup()
 
 
 async def close_runs(handler: DefaultRequestHandlerV2, timeout: float) -> None:

@@ -20,22 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
-from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Task
 
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._aio import keep
-from a2a_cancelfix.store import FinalStateTaskStore
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import RequestContext
     from a2a.server.context import ServerCallContext
     from a2a.server.tasks import PushNotificationConfigStore
 
-    from a2a_cancelfix.notices import CancelNotices
+    from a2a_cancelfix.notices import CancelNotices, LocalNotices
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -44,16 +41,12 @@ WATCHED = "watched:"
 # PostgreSQL's NOTIFY takes payloads under 8000 bytes.
 _PAYLOAD = 7000
 
-# The watchers of each in-process store, by store: they tell each other what they watch.
-_sharing: weakref.WeakKeyDictionary[InMemoryTaskStore, weakref.WeakSet[Watchers]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 class Hearing(Protocol):
     """How the replica hears the others (a `replicas.RemoteCancels`)."""
 
     notices: CancelNotices | None
+    peers: LocalNotices | None  # The handlers sharing this process's store, told directly.
     hearing: bool
     heard_since: float  # The loop's time when the notices were last heard again.
 
@@ -70,8 +63,8 @@ class Cancelling(Protocol):
     async def read(self, task_id: str, caller: ServerCallContext) -> Task | None:
         """The task as ``caller`` may see it."""
 
-    async def unwatched(self, task: Task, active: Any, caller: ServerCallContext, after: float) -> None:
-        """Cancel ``task``, whose run here is ``active``, as nobody watched it for ``after`` s."""
+    async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
+        """Cancel ``task``, whose run here is ``live``, as nobody watched it for ``after`` s."""
 
 
 class Observer:
@@ -91,8 +84,6 @@ class Watchers:
         lifecycle: what cancels an unwatched task, and reads it.
         after: seconds a task may go unwatched.
         parked_too: whether a parked task's clock runs too.
-        store: the task store the handler was given (an ``InMemoryTaskStore``, bare or
-            guarded, lives in this process: its handlers tell each other directly).
         push_configs: the handler's push config store, if any: a task with a config is watched.
         remote: how this replica hears the others.
     """
@@ -102,7 +93,6 @@ class Watchers:
         lifecycle: Cancelling,
         after: float,
         parked_too: bool,
-        store: Any,
         push_configs: PushNotificationConfigStore | None,
         remote: Hearing,
     ) -> None:
@@ -120,12 +110,8 @@ class Watchers:
         self._elsewhere: dict[str, float] = {}  # Until when another replica watches a task run here.
         self._announced: set[str] = set()  # Tasks announced in this round.
         self._round: asyncio.TimerHandle | None = None
-        inner = store.wrapped if isinstance(store, FinalStateTaskStore) else store
-        self._peers: weakref.WeakSet[Watchers] | None = None
-        if type(inner) is InMemoryTaskStore:
-            self._peers = _sharing.setdefault(inner, weakref.WeakSet())
-            self._peers.add(self)
-        elif remote.notices is None:
+        self._peers = remote.peers
+        if self._peers is None and remote.notices is None:
             logger.warning(
                 "cancel_unwatched_after needs the store's notices to hear what other replicas "
                 "watch; without them no task is cancelled as unwatched (see docs/replicas.md)"
@@ -256,7 +242,7 @@ class Watchers:
         lifecycle = self._lifecycle
         try:
             task = await lifecycle.read(task_id, caller)
-            active = await _sdk.live_task(lifecycle.handler, task_id)
+            live = await _sdk.live_task(lifecycle.handler, task_id)
             configs = [] if self._push_configs is None else await self._push_configs.get_info(task_id, caller)
         except Exception:
             logger.warning("could not read task %s to cancel it as unwatched", task_id, exc_info=True)
@@ -265,7 +251,7 @@ class Watchers:
             return
         if self._since.get(task_id) != since or task_id in self._open or task_id in lifecycle.cancellations:
             return  # Watched again, or being cancelled already.
-        if active is None or (task is not None and task.status.state in _sdk.TERMINAL_STATES):
+        if live is None or (task is not None and task.status.state in _sdk.TERMINAL_STATES):
             self._forget(task_id)
             return
         if task is None or (task.status.state in _sdk.PARKED_STATES and not self.parked_too):
@@ -282,7 +268,7 @@ class Watchers:
             self._start_clock(task_id)
             return
         self._forget(task_id)
-        await lifecycle.unwatched(task, active, caller, self.after)
+        await lifecycle.unwatched(task, live, caller, self.after)
 
     # The other replicas.
 
@@ -314,10 +300,7 @@ class Watchers:
 
     def _tell(self, task_ids: list[str]) -> None:
         if self._peers is not None:
-            notice = WATCHED + " ".join(task_ids)
-            for peer in self._peers:
-                if peer is not self:
-                    peer.heard(notice)
+            self._peers.deliver(WATCHED + " ".join(task_ids))
         elif self._remote.notices is not None:
             for notice in _notices(task_ids):
                 keep(self._remote.notices.tell(notice))

@@ -14,8 +14,9 @@ import abc
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from a2a_cancelfix._aio import checked_seconds, keep
 
@@ -81,6 +82,82 @@ class CancelNotices(abc.ABC):
         """Listen on one connection: yield each task id announced, and None each time the
         listening (re)starts, after which a look at the store sees every cancel announced
         before. Raise when the connection is lost."""
+
+
+class Member(Protocol):
+    """One handler's end of `LocalNotices`: what it is told directly."""
+
+    def noticed(self, notice: str) -> None:
+        """A task id announced, or a notice told, by a handler sharing the store."""
+
+    def store_shared(self) -> None:
+        """A second handler shares the store: from now on the others may write there."""
+
+
+class LocalNotices(CancelNotices):
+    """Notices between the handlers of this process that share one ``InMemoryTaskStore``.
+
+    Each announcement reaches every handler that joined (`join`) and every listener at once.
+    Our handler joins the notices of the in-memory store it is given (`of`); until another
+    one joins, or somebody listens, nobody could hear an announcement: none is made (`shared`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = False
+        self._members: weakref.WeakSet[Member] = weakref.WeakSet()
+        self._listeners: set[asyncio.Queue[str]] = set()
+
+    @classmethod
+    def of(cls, store: Any) -> LocalNotices:
+        """The notices of the handlers sharing ``store`` (an ``InMemoryTaskStore``): one each."""
+        notices = _LOCAL.get(store)
+        if notices is None:
+            notices = _LOCAL[store] = cls()
+        return notices
+
+    def join(self, member: Member) -> None:
+        """``member``'s handler uses the store: once a second one does, each is told so."""
+        self._members.add(member)
+        if len(self._members) < 2:
+            return
+        told = (member,) if self.shared else tuple(self._members)
+        self.shared = True
+        for joined in told:
+            joined.store_shared()
+
+    async def announce(self, task_id: str) -> None:
+        self.deliver(task_id)
+
+    async def _send(self, notice: str) -> None:
+        self.deliver(notice)
+
+    def deliver(self, notice: str) -> None:
+        """Hand ``notice`` to every handler that joined and every listener, now."""
+        for member in tuple(self._members):
+            member.noticed(notice)
+        for listener in self._listeners:
+            listener.put_nowait(notice)
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        self._listeners.add(heard)
+        self.shared = True  # Somebody hears: announce.
+        try:
+            yield _heard(heard)
+        finally:
+            self._listeners.discard(heard)
+
+
+async def _heard(heard: asyncio.Queue[str]) -> AsyncIterator[str | None]:
+    yield None  # Listening from now on.
+    while True:
+        yield await heard.get()
+
+
+# The notices of each in-memory store, for as long as the store lives.
+_LOCAL: weakref.WeakKeyDictionary[Any, LocalNotices] = weakref.WeakKeyDictionary()
 
 
 # PostgreSQL's longest identifier (NAMEDATALEN - 1), which a channel name is.

@@ -1,67 +1,17 @@
 """Make a terminal state final, enforced by the task store itself.
 
-``FinalStateTaskStore(store)`` is the ``TaskStore`` to hand the handler. The rule: once the
-stored task is COMPLETED, FAILED, CANCELED or REJECTED, it never changes again. Every later
-``save`` of it is refused, whatever it carries (another state, new artifacts, or the same
-terminal state with one more message), the stored task stays exactly as it was, and one WARNING
-names the task, the stored and the refused state (a DEBUG line when the state is the same: a
-replica recording a cancel that another replica stored first does that routinely). A refusal returns normally: the SDK saves from
-its event consumer, where an exception would leave the run or its streams hanging. The "stored
-task" is the one the save would replace: the row with that id in a ``DatabaseTaskStore``, whose
-primary key is the id alone, and the entry of that owner and id in an ``InMemoryTaskStore``.
+``FinalStateTaskStore(store)`` is the ``TaskStore`` to hand the handler: once the stored task
+is COMPLETED, FAILED, CANCELED or REJECTED, every later ``save`` of it is refused (logged, and
+returning normally: the SDK saves from its event consumer, where an exception would leave the
+run or its streams hanging). The check and the write are one step of the wrapped store, never
+a read then a write in Python (see `_database_write`, `_memory_save`, `_versioned_write`).
 get, list and delete go straight to the wrapped store, owner scoping included.
 
-The check and the write are one step of the store, never a read then a write in Python:
-
-* ``DatabaseTaskStore`` (SQLite, PostgreSQL): one statement, in one transaction, on the SDK's
-  own row (``_to_orm`` builds it, as ``save`` does in 1.0.0-1.3.0)::
-
-      INSERT INTO <table> (...) VALUES (...)
-      ON CONFLICT (id) DO UPDATE SET <every column> = excluded.<column>
-      WHERE <table>.status ->> 'state' IS NULL OR <it> NOT IN (<terminal state names>)
-      RETURNING id
-
-  ``status`` is a JSON column holding ``MessageToDict(task.status)`` in every release, so the
-  state is ``'TASK_STATE_CANCELED'``, or ``'canceled'`` in a row written in the v0.3 format;
-  both spellings count. SQLite reads it with ``JSON_EXTRACT`` and serialises writers;
-  PostgreSQL locks the conflicting row and evaluates the WHERE on its latest committed version.
-  No row returned means refused; a SELECT in the same transaction then fetches the stored state,
-  only for the WARNING. The statement is the same in every release; other databases are refused
-  at construction rather than guarded by a race.
-* ``InMemoryTaskStore``: the check and the write with no await between them, under the store's
-  own ``threading.RLock`` from 1.1.3 (in 1.0.0-1.1.2 its lock is an ``asyncio.Lock`` that the
-  store never holds across an await either, so code that never awaits is atomic without it).
-
-A subclass of the SDK's ``TaskStore`` ABC, not a wrapt proxy: a proxy would pass
-``isinstance(store, DatabaseTaskStore)`` and hand out the wrapped engine and dict, so code that
-recognises the concrete store could write past the guard. This class is a ``TaskStore`` and no
-more; the wrapped store is ``.wrapped`` (e.g. for ``await store.wrapped.initialize()``).
-
-a2a-sdk 1.2.0+: the handler and ``TaskManager`` see that this is not a ``VersionedTaskStore`` and
-wrap it in ``LegacyTaskStoreAdapter``, whose ``save`` calls our ``save`` exactly once, drops the
-version arguments and returns ``TaskVersion.MISSING``; reads go through the adapter's ``get``.
-So every write still meets the guard, no compare-and-swap applies, and
-``ConcurrentTaskModificationError`` is never raised: the SDK's reload-and-retry paths and
-``VersionedDatabaseTaskStore``'s contention retries are not involved (1.2.3, 1.3.0).
-
-What a refusal does not change: the replica whose save was refused still streams, and answers
-its blocking sender with, what its own run published (say COMPLETED after another replica
-stored CANCELED); the store, and so GetTask and every later reader, keeps the terminal state
-written first. Two first saves of one id at once both land (one inserts, the other updates),
-where the SDK's merge (a SELECT, then an INSERT) fails one of them with an IntegrityError.
-
-Upstream's cluster mode (a2a-sdk 1.2+): ``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``
-is itself a ``VersionedTaskStore`` (its class becomes a subclass that is one), so the SDK
-uses it as it is. Its save is the SDK's versioned save (compare-and-swap on the version row, the
-journal row that ``DatabaseTaskEventStream`` tails, in the same transaction, transient errors
-retried), guarded: the transaction takes the lock before it reads anything (``FOR UPDATE`` on
-PostgreSQL; on SQLite a no-op UPDATE of the version row, so that pysqlite opens the transaction
-and SQLite takes its write lock), then reads the stored state, and refuses over a terminal one:
-no task row, no version bump, no journal row. A refused save of another terminal state raises
-``ConcurrentTaskModificationError``, the SDK's own signal: it reloads, and tells its subscribers
-the stored task. A refused non-terminal save, or one of the terminal state stored already,
-returns the stored version: the run is left for our handler to cancel (``subscribe``), and the
-CANCELED it then publishes reaches its streams and push configs through the SDK's consumer.
+A subclass of the SDK's ``TaskStore``, not a wrapt proxy: a proxy would pass
+``isinstance(store, DatabaseTaskStore)`` and hand out the wrapped engine, past the guard.
+On a2a-sdk 1.2+ the SDK wraps it in ``LegacyTaskStoreAdapter``, whose ``save`` calls ours once,
+so every write still meets the guard; over a ``VersionedDatabaseTaskStore`` it is itself a
+``VersionedTaskStore`` (upstream's cluster mode).
 """
 
 from __future__ import annotations
@@ -78,7 +28,7 @@ from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
-from a2a_cancelfix.notices import notices_for
+from a2a_cancelfix.notices import LocalNotices, notices_for
 
 if TYPE_CHECKING:
     from a2a_cancelfix.notices import CancelNotices
@@ -241,7 +191,14 @@ def guardable(store: Any) -> bool:
 
 
 def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
-    """Return the guarded write for a DatabaseTaskStore: one conditional upsert."""
+    """Return the guarded write for a DatabaseTaskStore: one conditional upsert.
+
+    One statement in one transaction, on the SDK's own row: ``INSERT ... ON CONFLICT (id) DO
+    UPDATE ... WHERE`` the stored ``status ->> 'state'`` is NULL or not terminal, ``RETURNING
+    id``. The state is stored as the enum name, or as the v0.3 value in an older row: both
+    count. SQLite serialises writers; PostgreSQL locks the conflicting row and evaluates the
+    WHERE on its latest committed version. No row returned means refused.
+    """
     # SQLAlchemy is only there with a2a-sdk's database extras, so it is imported here.
     import sqlalchemy as sa
     from sqlalchemy.dialects import postgresql, sqlite
@@ -294,13 +251,9 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
 def _to_the_end(write: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """``write``, run to its end even when its caller is cancelled (the caller still leaves).
 
-    A transaction cut mid-statement leaves its connection behind: SQLAlchemy invalidates and
-    closes it, but pysqlite closes a connection with a statement not run to its end (our
-    ``RETURNING``) as a zombie that keeps SQLite's write lock for as long as the statement
-    lives, so no later write lands (seen when a run closed by force cut the SDK's save of
-    CANCELED that waited for a locked row, a2a-sdk 1.0.0). Run whole, it commits or rolls
-    back and returns its connection; landing late, it still meets the guard, so a terminal
-    state stays final.
+    A transaction cut mid-statement can leave its connection holding SQLite's write lock
+    (pysqlite keeps a statement not run to its end alive), so that no later write lands. Run
+    whole, it commits or rolls back; landing late, it still meets the guard.
     """
 
     async def to_the_end(*args: Any) -> Any:
@@ -326,9 +279,16 @@ def _ended_behind(work: asyncio.Future[Any]) -> None:
 
 
 def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
-    """Return the guarded save for an InMemoryTaskStore: check and write under its lock."""
+    """Return the guarded save for an InMemoryTaskStore: check and write under its lock.
+
+    The store's own lock (a ``threading.RLock``, or an ``asyncio.Lock`` before 1.1.3, which it
+    never holds across an await): code that never awaits is atomic either way.
+    """
     memory = _sdk.memory_tasks(store)
     tasks, lock, owner_of, copying = memory.tasks, memory.lock, memory.owner_resolver, memory.copying
+    # Notices that only this process's handlers hear: nothing to announce until two share it.
+    local = guard.notices if isinstance(guard.notices, LocalNotices) else None
+    announcing = guard.notices is not None and local is None
 
     async def save(task: Task, context: ServerCallContext) -> None:
         # Every save of every message comes through here: no call of ours inside, and each
@@ -349,7 +309,7 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
                     owned[task_id] = kept
                 else:
                     owned[task_id] = task
-        if stored is not None or guard.notices is not None:
+        if stored is not None or announcing or (local is not None and local.shared):
             await guard._saved(task, stored)
         elif guard._told_saved:
             guard._tell_saved(task)
@@ -368,9 +328,13 @@ class _Refused(Exception):
 def _versioned_write(store: Any, announce_in: _Announce) -> Any:
     """Return the guarded versioned save for a VersionedDatabaseTaskStore (a2a-sdk 1.2+).
 
-    Its ``_save_once``, with the lock taken first and the stored state checked under it.
-    Returns the new TaskVersion, or raises `_Refused` (nothing written) or, as the SDK's
-    does, ConcurrentTaskModificationError for a stale version.
+    Its ``_save_once``, with the lock taken first (``FOR UPDATE``; on SQLite a no-op UPDATE,
+    so that the transaction holds the write lock) and the stored state checked under it.
+    Returns the new TaskVersion, or raises `_Refused` (nothing written: no task row, no
+    version, no journal row) or, as the SDK's does, ConcurrentTaskModificationError for a
+    stale version. A refused save of another end raises that too (the SDK reloads and tells
+    its subscribers the stored task); any other refusal returns the stored version, and our
+    handler cancels the run (``subscribe``).
     """
     import sqlalchemy as sa
 
@@ -441,7 +405,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
 
     # Before 1.2.0 (no cluster layer) the checker knows the second base only as Any.
     class VersionedFinalStateTaskStore(FinalStateTaskStore, _sdk.VersionedTaskStore):  # type: ignore[misc, unused-ignore]
-        """``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``: see the module's doc."""
+        """``FinalStateTaskStore(VersionedDatabaseTaskStore(engine))``: see `_versioned_write`."""
 
         def _guard(self, store: Any) -> Any:
             return _versioned_write(store, self._announce_in)

@@ -90,6 +90,24 @@ def test_refuses_what_is_not_an_executor_at_construction(given: object) -> None:
     DefaultRequestHandlerV2(given, server.store, server.handler._agent_card)  # type: ignore[arg-type]
 
 
+def test_what_the_handler_hands_itself_to_is_built_once_the_sdks_constructor_has_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch for remote cancels, which reads the handler's store and runs, is given a
+    handler the SDK has built (its ``task_store`` set), never a half-built one."""
+    from a2a_cancelfix import _lifecycle
+
+    built, seen = _lifecycle.RemoteCancels, []
+
+    def recording(lifecycle, handler, *args):  # type: ignore[no-untyped-def]
+        seen.append(hasattr(handler, "task_store"))
+        return built(lifecycle, handler, *args)
+
+    monkeypatch.setattr(_lifecycle, "RemoteCancels", recording)
+    make_server("ours", ScriptedExecutor())
+    assert seen == [True]
+
+
 @pytest.mark.asyncio
 async def test_handlers_sharing_a_wrapped_executor_each_keep_their_grace_period() -> None:
     """One CancellableExecutor given to two handlers: a cancel through each is bounded by that

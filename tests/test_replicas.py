@@ -94,6 +94,17 @@ async def test_a_checkpoint_notices_a_cancel_from_another_replica(shared_store) 
 
 
 @pytest.mark.asyncio
+async def test_handlers_sharing_a_bare_in_memory_store_hear_each_others_cancels() -> None:
+    """Two handlers given one bare InMemoryTaskStore tell each other of a cancel as replicas
+    with notices do: A's run stops though nothing polls."""
+    a, b = replicas(PollingExecutor(), InMemoryTaskStore(), replica_poll_interval=None)
+    await start(a)
+    assert await within(cancel(b, a.executor.task_id)) == "CANCELED"
+    await within(a.executor.stopped.wait())
+    assert a.executor.cancel_called.is_set()
+
+
+@pytest.mark.asyncio
 async def test_a_run_cannot_complete_a_task_another_replica_cancelled() -> None:
     """Before it publishes COMPLETED, a run reads the store: the remote CANCELED wins everywhere."""
     a, b = replicas(ScriptedExecutor(), replica_poll_interval=3600)

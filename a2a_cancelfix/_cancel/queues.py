@@ -58,10 +58,8 @@ class QueueProxy(AQueue):
     ``isinstance`` this is one.
 
     Not a wrapt proxy: every message builds one and sends each of its events through it, and
-    a subclass of wrapt's C proxy reads each of its own attributes through CPython's generic
-    ``__getattr__`` hook, with a type lookup each time (a fifth of the instructions a message
-    costs ours over stock, BENCHMARKS.md, 2026-12-05); slots are read through the
-    interpreter's own caches.
+    a subclass of wrapt's C proxy reads its own attributes through CPython's generic
+    ``__getattr__`` hook (see BENCHMARKS.md); slots are read through the interpreter's caches.
     """
 
     __slots__ = ("__wrapped__",)

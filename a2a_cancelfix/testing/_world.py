@@ -27,10 +27,10 @@ from a2a_cancelfix import _sdk
 from a2a_cancelfix._cancel.settings import Settings, Timing
 from a2a_cancelfix._executor import CancellableExecutor
 from a2a_cancelfix._handler import DefaultRequestHandler
+from a2a_cancelfix.notices import LocalNotices
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing._leftovers import Leftovers, NotedExecutor
-from a2a_cancelfix.testing._notices import LocalNotices
 from a2a_cancelfix.testing._probe import Point, Probe, note_user
 from a2a_cancelfix.testing._report import Row
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
