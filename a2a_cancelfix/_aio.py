@@ -35,7 +35,7 @@ def suspended_on(task: asyncio.Task[Any]) -> object | None:
     return getattr(task, "_fut_waiter", None)
 
 
-def keep(work: Awaitable[T]) -> asyncio.Future[T]:
+def in_background(work: Awaitable[T]) -> asyncio.Future[T]:
     """Run ``work`` in the background, referenced until it ends; its failure is logged."""
     task = asyncio.ensure_future(work)
     _background.add(task)

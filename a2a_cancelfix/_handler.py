@@ -30,7 +30,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import deadline_in, keep, wait_done
+from a2a_cancelfix._aio import deadline_in, in_background, wait_done
 from a2a_cancelfix._cancel.settings import (
     DEFAULT_DRAIN_TIME,
     DEFAULT_GRACE_PERIOD,
@@ -227,7 +227,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         write did not finish in that time."""
         deadline = deadline_in(self._lifecycle.settings.shutdown_drain_time)
         await self._remote.aclose()
-        closing = keep(
+        closing = in_background(
             _sdk_close(self)
             if _sdk_close is not None
             else _sdk.close_runs(self, self._lifecycle.settings.timing.margin)
@@ -337,7 +337,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # else in the background.
             if lifecycle.busy(task_id):
                 drained = True
-                keep(_drain(events))
+                in_background(_drain(events))
                 return
             try:  # _drain(), inline: the run has returned, so its stream ends at once.
                 async for _ in events:

@@ -22,7 +22,7 @@ from a2a.types import InternalError, Task, TaskNotCancelableError, TaskNotFoundE
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import keep, wait_done
+from a2a_cancelfix._aio import in_background, wait_done
 from a2a_cancelfix._cancel.cancellation import FAILED, Cancellation, Step
 from a2a_cancelfix._cancel.queues import CancelQueue
 from a2a_cancelfix._cancel.recording import CanceledWrites
@@ -168,7 +168,7 @@ class Lifecycle:
             # Its client went away. The cancel goes on without it, from the top: every step
             # it had done is done once, every wait ends at the same deadline.
             answer.cancel()
-            keep(self._drive(cancellation, task, live, caller))
+            in_background(self._drive(cancellation, task, live, caller))
             raise
         return answer.result()
 
@@ -205,7 +205,7 @@ class Lifecycle:
         try:
             await cancellation.cancel_returned()
         finally:  # Started only now: the checkpoint that looked raises before it stops the work.
-            keep(carry_out())
+            in_background(carry_out())
 
     async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
         """Cancel ``task``, whose run here is ``live``, as a client's cancel would: nobody
@@ -478,7 +478,7 @@ def _tear_down(live: _sdk.LiveRun, task_id: str, timeline: Timeline) -> None:
     def stuck() -> None:
         logger.debug("run of task %s did not close in time; it is force-closed", task_id)
         _telemetry.teardown_forced(task_id, span)
-        keep(_sdk.force_close(live, timeline.timing.margin))
+        in_background(_sdk.force_close(live, timeline.timing.margin))
 
     _sdk.unless_closed_by(live, timeline.teardown_by(), stuck)
 

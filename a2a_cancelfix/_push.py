@@ -15,7 +15,7 @@ from typing import Any
 
 from a2a.server.tasks import PushNotificationSender
 
-from a2a_cancelfix._aio import keep, wait_done
+from a2a_cancelfix._aio import in_background, wait_done
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -43,7 +43,7 @@ class BackgroundPushSender(PushNotificationSender):
             waiting.append(event)
             return
         self._waiting[task_id] = collections.deque([event])
-        self._workers[task_id] = keep(self._send_all(task_id))
+        self._workers[task_id] = in_background(self._send_all(task_id))
 
     async def drain(self, deadline: float) -> None:
         """For the handler's shutdown: send what is queued until ``deadline``, then drop what is

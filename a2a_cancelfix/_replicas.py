@@ -21,7 +21,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix._aio import keep, wait_set
+from a2a_cancelfix._aio import in_background, wait_set
 from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix._unwatched import WATCHED
 from a2a_cancelfix.notices import LocalNotices, keep_listening
@@ -151,9 +151,9 @@ class RemoteCancels:
             return
         work = lifecycle.works.get(task_id)
         if work is not None:
-            keep(work.look())  # Finding CANCELED, it cancels the run here.
+            in_background(work.look())  # Finding CANCELED, it cancels the run here.
         elif task_id in lifecycle.parked:
-            keep(self._end_parked_if_cancelled(task_id))
+            in_background(self._end_parked_if_cancelled(task_id))
 
     def refused(self, task_id: str) -> None:
         """The store refused a save of ``task_id`` over the end it holds: look now, and let
@@ -169,7 +169,7 @@ class RemoteCancels:
         ):
             # Its execute() has returned (its cancel too, if it had one): nothing of ours ends
             # it, and the SDK's own teardown of it may never end (see Lifecycle.close_run).
-            keep(lifecycle.close_run(task_id))
+            in_background(lifecycle.close_run(task_id))
 
     async def as_stored(self, event: Ending, caller: ServerCallContext) -> Ending:
         """A terminal ``event`` of this replica's, or the end the store holds instead.
@@ -220,7 +220,9 @@ class RemoteCancels:
     def listen(self) -> None:
         """Hear the store's notices from the first message on, for as long as the loop runs."""
         if self._listener is None and self.notices is not None:
-            self._listener = keep(keep_listening(self.notices, self.noticed, self._heard, self._unheard))
+            self._listener = in_background(
+                keep_listening(self.notices, self.noticed, self._heard, self._unheard)
+            )
             self.must_listen = False
 
     async def aclose(self) -> None:
@@ -241,9 +243,9 @@ class RemoteCancels:
         self._poll_every(math.inf)
         lifecycle = self.lifecycle
         for work in list(lifecycle.works.values()):
-            keep(work.look())
+            in_background(work.look())
         if lifecycle.parked:
-            keep(self._look_at_every_parked())
+            in_background(self._look_at_every_parked())
 
     def _unheard(self) -> None:
         """The notices are lost: poll as without them until they are back."""
@@ -274,7 +276,7 @@ class RemoteCancels:
 
     def _parked_looks_due(self) -> None:
         self._parked_looks = None
-        keep(self._look_at_every_parked())
+        in_background(self._look_at_every_parked())
 
     async def _look_at_every_parked(self) -> None:
         """Look at each parked task; while polling, again after one interval."""

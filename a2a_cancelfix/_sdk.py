@@ -26,7 +26,7 @@ from a2a.types import CancelTaskRequest, Task, TaskArtifactUpdateEvent, TaskStat
 from a2a.utils import telemetry as _telemetry_module
 from google.protobuf.message import Message as ProtobufMessage
 
-from a2a_cancelfix._aio import deadline_in, deadlines, keep, wait_done, wait_set
+from a2a_cancelfix._aio import deadline_in, deadlines, in_background, wait_done, wait_set
 
 if TYPE_CHECKING:
     import httpx
@@ -433,7 +433,7 @@ async def force_close(live: LiveRun, timeout: float) -> None:
     aclose: Callable[[], Awaitable[None]] | None = getattr(live, "aclose", None)  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
         # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
-        await wait_done(keep(aclose()), deadline_in(timeout))
+        await wait_done(in_background(aclose()), deadline_in(timeout))
     else:  # 1.0.0-1.1.1: the same steps by hand.
         live._request_queue.shutdown(immediate=True)
         await live._event_queue_agent.close(immediate=True)

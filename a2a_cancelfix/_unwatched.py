@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from a2a.types import Task
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix._aio import keep
+from a2a_cancelfix._aio import in_background
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import RequestContext
@@ -230,7 +230,7 @@ class Watchers:
         elif not self._hears_others():
             self._arm(task_id, now + self.after / 4)  # Cannot tell: not now, look again later.
         else:
-            keep(self._expire(task_id, since))
+            in_background(self._expire(task_id, since))
 
     def _hears_others(self) -> bool:
         return self._peers is not None or (self._remote.notices is not None and self._remote.hearing)
@@ -303,7 +303,7 @@ class Watchers:
             self._peers.deliver(WATCHED + " ".join(task_ids))
         elif self._remote.notices is not None:
             for notice in _notices(task_ids):
-                keep(self._remote.notices.tell(notice))
+                in_background(self._remote.notices.tell(notice))
 
 
 def _notices(task_ids: list[str]) -> list[str]:

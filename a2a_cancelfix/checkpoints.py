@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
-from a2a_cancelfix._aio import keep, wait_set
+from a2a_cancelfix._aio import in_background, wait_set
 
 __all__ = ["RunCancelled", "cancel_requested", "cancellable", "checkpoint", "on_cancel", "shielded"]
 
@@ -368,7 +368,7 @@ def _call_safely(callback: Callable[[], Any], task_id: str) -> None:
     try:
         result = callback()
         if inspect.isawaitable(result):
-            keep(result)
+            in_background(result)
     except Exception:
         logger.exception("on_cancel callback %r failed for task %s", callback, task_id)
 

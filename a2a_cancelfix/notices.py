@@ -18,7 +18,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from a2a_cancelfix._aio import checked_seconds, keep
+from a2a_cancelfix._aio import checked_seconds, in_background
 
 __all__ = ["CancelNotices", "PostgresNotices", "RedisNotices"]
 
@@ -279,7 +279,7 @@ class RedisNotices(CancelNotices):
 
     async def announce(self, task_id: str) -> None:
         # In the background: a Redis that is slow or gone must not hold up the cancel's answer.
-        keep(self._publish(task_id))
+        in_background(self._publish(task_id))
 
     async def _send(self, notice: str) -> None:
         await self.client.publish(self.channel, notice)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from a2a.types import InternalError, Task, TaskNotFoundError
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix._aio import Once, deadline_in, keep, wait_done, wait_patiently
+from a2a_cancelfix._aio import Once, deadline_in, in_background, wait_done, wait_patiently
 from a2a_cancelfix._cancel.cancellation import CanceledWrite
 
 if TYPE_CHECKING:
@@ -58,7 +58,9 @@ class CanceledWrites:
         def start() -> CanceledWrite:
             started = CanceledWrite(cancellation.timeline.margin_from_now())
             retries = cancellation.timeline.timing.retries
-            self.recording[task_id] = keep(self._record(started, task_id, caller, after, stopped, retries))
+            self.recording[task_id] = in_background(
+                self._record(started, task_id, caller, after, stopped, retries)
+            )
             return started
 
         write = cancellation.write(start)
