@@ -262,7 +262,7 @@ class Lifecycle:
         if self.watchers is not None:
             self.watchers.run_started(context)
         remote = self.remote
-        if remote is not None and remote.looking:
+        if remote is not None and remote.on_lookout:
             look = functools.partial(self._look, context, queue)
             work = Work(task_id, look, remote.interval, self.probe)
         else:
@@ -282,7 +282,7 @@ class Lifecycle:
         """A run returned without ending its task: another replica may cancel it meanwhile."""
         if self.watchers is not None:
             self.watchers.parked(task_id)
-        if self.remote is not None and self.remote.looking:
+        if self.remote is not None and self.remote.on_lookout:
             self.parked[task_id] = caller
             self.remote.look_at_parked_soon()
 

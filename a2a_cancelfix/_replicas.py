@@ -69,7 +69,7 @@ class RemoteCancels:
     Built by the lifecycle it serves once the handler is built (`Lifecycle.bind`).
 
     Attributes:
-        looking: whether the lifecycle's runs and parked tasks look for remote cancels: not
+        on_lookout: whether the lifecycle's runs and parked tasks look for remote cancels: not
             on a bare ``InMemoryTaskStore`` only one handler has, nor with ``poll`` None and
             no notices.
         interval: seconds between two looks of a run, now: ``poll``, or ``math.inf`` while
@@ -98,7 +98,7 @@ class RemoteCancels:
         peers: LocalNotices | None = None,
     ) -> None:
         self.handler, self.lifecycle = handler, lifecycle
-        self.looking = self.hearing = False
+        self.on_lookout = self.hearing = False
         self.heard_since = -math.inf
         # The store tells of its refusals until `aclose`.
         self._guarded = store if isinstance(store, FinalStateTaskStore) else None
@@ -126,13 +126,13 @@ class RemoteCancels:
     def _look(self) -> None:
         """Look for cancels recorded elsewhere: runs poll until notices are heard, and whenever
         they are not; so do the parked tasks."""
-        self.looking = True
+        self.on_lookout = True
 
     def store_shared(self) -> None:
         """A second handler shares the store: if it tells its cancels here directly, look for
         them from now on, hearing them all (no poll)."""
         if self.notices is not None and self.notices is self.peers:
-            self.looking = self.hearing = True
+            self.on_lookout = self.hearing = True
             self.interval = math.inf
 
     def noticed(self, task_id: str) -> None:
