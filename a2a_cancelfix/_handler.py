@@ -183,6 +183,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.cancel_grace_period = settings.cancel_grace_period
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled
+        self._closing = False  # aclose() has begun: no new message is taken.
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
@@ -220,30 +221,45 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             watchers.touch(params.task_id)
 
     async def aclose(self) -> None:
-        """Shut down within ``shutdown_drain_time``: stop hearing notices and the store's
-        refusals; close the runs held here, as the SDK's own ``aclose`` does from a2a-sdk 1.1.2
-        (on 1.0.x, with the SDK's parts); meanwhile send the pushes queued behind the runs and
-        try each pending CANCELED write once more. A WARNING names each task whose pushes or
-        write did not finish in that time."""
-        deadline = deadline_in(self._lifecycle.settings.shutdown_drain_time)
+        """Shut down: end what this process runs, within ``shutdown_drain_time`` plus
+        ``cancel_grace_period`` plus 3 s (see docs/behaviour.md).
+
+        New messages are refused from the start. The runs get ``shutdown_drain_time`` to finish;
+        those still going are then cancelled as a client's cancel would be (within their grace
+        period), ending CANCELED with a status message saying the server shut down; parked
+        tasks stay as they are. Then, for the rest of ``shutdown_drain_time`` (at least a
+        second after such cancels), the pushes queued behind the runs are sent and each pending
+        CANCELED write is tried once more; meanwhile the runs left are closed, as the SDK's own
+        ``aclose`` does from a2a-sdk 1.1.2. A WARNING names each task whose pushes or CANCELED
+        did not land.
+        """
+        lifecycle = self._lifecycle
+        settings = lifecycle.settings
+        margin = settings.timing.margin
+        self._closing = True
+        drain_by = deadline_in(settings.shutdown_drain_time)
         await self._remote.aclose()
-        closing = in_background(
-            _sdk_close(self)
-            if _sdk_close is not None
-            else _sdk.close_runs(self, self._lifecycle.settings.timing.margin)
-        )
-        drains = [self._lifecycle.drain(deadline)]
+        if not await lifecycle.runs_ended(drain_by):
+            cancels = in_background(asyncio.gather(*map(lifecycle.shutdown, list(lifecycle.works))))
+            # Each cancel answers within its grace period and the margins of its recording.
+            await wait_done(cancels, deadline_in(settings.cancel_grace_period + 2 * margin))
+            drain_by = max(drain_by, deadline_in(margin))
+        closing = in_background(_sdk_close(self) if _sdk_close is not None else _sdk.close_runs(self, margin))
+        drains = [lifecycle.drain(drain_by)]
         if self._pushes is not None:
-            drains.append(self._pushes.drain(deadline))
+            drains.append(self._pushes.drain(drain_by))
         await asyncio.gather(*drains)
-        if not await wait_done(closing, deadline):
+        if not await wait_done(closing, drain_by):
             logger.warning("the handler's runs were not all closed by the end of shutdown_drain_time")
 
     @_telemetry.traced_as_sdk
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
         """Send a message, as the SDK does; a task that ended or is being canceled refuses it,
-        as does one that ended before a follow-up it had accepted was processed."""
+        as does one that ended before a follow-up it had accepted was processed, and a server
+        shutting down refuses every message."""
         _sdk.check_required_fields(params)
+        if self._closing:
+            raise _shutting_down()
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
@@ -296,9 +312,12 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any, None]:
-        """Stream a message, as the SDK does; a task that ended or is being canceled refuses it."""
+        """Stream a message, as the SDK does; a task that ended or is being canceled refuses it,
+        as does a server shutting down."""
         _sdk.check_required_fields(params)
         _sdk.check_streaming(self)
+        if self._closing:
+            raise _shutting_down()
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
@@ -504,6 +523,10 @@ def _ended_first(params: SendMessageRequest, state: int) -> UnsupportedOperation
 
 def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
     return UnsupportedOperationError(message=f"Task {params.message.task_id} has ended or is being canceled")
+
+
+def _shutting_down() -> UnsupportedOperationError:
+    return UnsupportedOperationError(message="The server is shutting down; it takes no new messages")
 
 
 def _state_name(task: Task) -> str:

@@ -22,7 +22,7 @@ from a2a.types import InternalError, Task, TaskNotCancelableError, TaskNotFoundE
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import in_background, wait_done
+from a2a_cancelfix._aio import Once, in_background, wait_done
 from a2a_cancelfix._cancel.cancellation import FAILED, Cancellation, Step
 from a2a_cancelfix._cancel.queues import CancelQueue
 from a2a_cancelfix._cancel.recording import CanceledWrites
@@ -59,7 +59,8 @@ class Lifecycle:
     - `noticed_parked`: a task parked here that another replica cancelled in the store;
     - `noticed_in_run`: a run here whose look found its task cancelled by another replica;
     - `requested_by_sdk`: the stock handler calling the proxy's ``cancel()``;
-    - `unwatched`: a task here that nobody watched for ``cancel_unwatched_after`` seconds.
+    - `unwatched`: a task here that nobody watched for ``cancel_unwatched_after`` seconds;
+    - `shutdown`: a run still going when the handler's ``aclose()`` has let the runs finish.
 
     Args:
         executor: the wrapped executor, whose ``cancel()`` a cancel calls.
@@ -86,6 +87,7 @@ class Lifecycle:
         self.parked: dict[str, ServerCallContext] = {}
         # Follow-up messages accepted for a running task that no run has taken yet, by id.
         self._follow_ups: set[str] = set()
+        self._idle: Once | None = None  # Made by a shutdown's wait for the runs to end.
 
     def bind(
         self,
@@ -220,6 +222,45 @@ class Lifecycle:
         finally:
             _telemetry.end(span)
 
+    async def shutdown(self, task_id: str) -> None:
+        """Cancel the run here of ``task_id`` as a client's cancel would: the server shuts down.
+
+        A task parked (its run about to return) or ended meanwhile is left as it is. A store
+        that cannot be read leaves the task as it shows it, with a WARNING that names it.
+        """
+        work = self.works.get(task_id)
+        if work is None or task_id in self.cancellations:
+            return
+        try:
+            task = await self.read(task_id, work.caller)
+            live = await _sdk.live_task(self._handler, task_id)
+        except Exception:
+            logger.warning(
+                "task %s: could not read it to cancel it at shutdown; the store shows it as it was",
+                task_id,
+                exc_info=True,
+            )
+            return
+        if task is None or task_id in self.cancellations:
+            return  # Not stored yet: nothing shows it running; or being cancelled already.
+        state = task.status.state
+        if state in TERMINAL_STATES or state in _sdk.PARKED_STATES:
+            return
+        cancellation = self._begin(task_id, Cancellation.shut_down, task_id)
+        span = cancellation.span
+        try:
+            with _telemetry.current(span):
+                await self._drive(cancellation, task, live, work.caller)
+        finally:
+            _telemetry.end(span)
+
+    async def runs_ended(self, deadline: float) -> bool:
+        """Wait until no ``execute()`` runs here, or until ``deadline``; whether none does."""
+        if not self.works:
+            return True
+        self._idle = Once()
+        return await self._idle.wait(deadline)
+
     async def requested_by_sdk(self, context: RequestContext, queue: EventQueue) -> None:
         """Carry out the stock handler's cancel, on the queue it gives; raise what ``cancel()`` raised."""
         task_id = context.task_id or ""
@@ -264,9 +305,9 @@ class Lifecycle:
         remote = self.remote
         if remote is not None and remote.on_lookout:
             look = functools.partial(self._look, context, queue)
-            work = Work(task_id, look, remote.interval, self.probe)
+            work = Work(task_id, context.call_context, look, remote.interval, self.probe)
         else:
-            work = Work(task_id, None, math.inf, self.probe)
+            work = Work(task_id, context.call_context, None, math.inf, self.probe)
         self.works[task_id] = work
         return work
 
@@ -277,6 +318,8 @@ class Lifecycle:
             del self.works[task_id]
             if self.watchers is not None:
                 self.watchers.run_ended(task_id)
+            if self._idle is not None and not self.works:
+                self._idle.give()
 
     def parked_here(self, task_id: str, caller: ServerCallContext) -> None:
         """A run returned without ending its task: another replica may cancel it meanwhile."""

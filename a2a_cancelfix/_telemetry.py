@@ -130,6 +130,13 @@ def unwatched_span(task_id: str, after: float) -> Any:
     return span
 
 
+def shutdown_span(task_id: str) -> Any:
+    """Start the span of a cancel of a run still going at the server's shutdown (None when off)."""
+    if not ENABLED:
+        return None
+    return _tracer.start_span(f"{PREFIX}.shutdown_cancel", attributes={f"{PREFIX}.task_id": task_id})
+
+
 @contextlib.contextmanager
 def current(span: Any) -> Iterator[None]:
     """Make ``span`` the current one (where `cancel_answered` records) inside the block."""

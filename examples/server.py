@@ -55,7 +55,7 @@ handler = DefaultRequestHandler(Summariser(), InMemoryTaskStore(), card, cancel_
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     yield
-    await handler.aclose()  # Ends the runs still open and sends the pushes still queued.
+    await handler.aclose()  # Lets the runs finish, cancels what is left, sends queued pushes.
 
 
 app = Starlette(

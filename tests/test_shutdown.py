@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,19 +20,24 @@ from a2a.server.tasks import (
     InMemoryPushNotificationConfigStore,
     InMemoryTaskStore,
 )
-from a2a.types import TaskState
+from a2a.types import SendMessageRequest, TaskState, UnsupportedOperationError
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore
+from a2a_cancelfix._cancel.settings import Timing
 from a2a_cancelfix.testing import (
     Changes,
     Gate,
     PushReceiver,
     ScriptedExecutor,
     Server,
+    Stream,
     caller,
     cancel,
     make_server,
+    message,
+    outcome,
     start,
+    state_of,
     stored,
     wait_all_tasks_blocked,
     within,
@@ -230,3 +237,162 @@ async def test_a_shutdown_names_a_canceled_the_store_never_recorded(store_then: 
     assert warned.is_set()
     assert took <= DRAIN + SLACK and (store_then == "refuses" or took >= DRAIN * 0.9)
     assert await within(stored(server, task_id)) == "WORKING"
+
+
+# The shutdown of runs still going: ``aclose()`` lets them finish for ``shutdown_drain_time``,
+# then cancels them within their grace period; its bound is the sum, plus three margins.
+MARGIN = 0.1
+BOUND_OF_ACLOSE = DRAIN + GRACE + 3 * MARGIN + SLACK
+
+
+def running(kind: str, executor: ScriptedExecutor | None = None, store: Any = None) -> Server:
+    """Stock's handler or ours, with ``shutdown_drain_time=DRAIN`` and short margins."""
+    options = {"shutdown_drain_time": DRAIN, "timing": Timing(margin=MARGIN)} if kind == "ours" else {}
+    return make_server(kind, executor or ScriptedExecutor(), store=store, **options)
+
+
+async def closed(server: Server) -> float:
+    """Call ``aclose()`` (stock has none on 1.0.x), bounded; how long it took (inf: it has not
+    returned; it goes on)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    aclose = getattr(server.handler, "aclose", None)
+    if aclose is not None:
+        # Not cancelled at the bound: stock's waits for an execute() that swallows the cancel.
+        closing = asyncio.ensure_future(aclose())
+        await asyncio.wait([closing], timeout=BOUND_OF_ACLOSE)
+        if not closing.done():
+            return math.inf
+        closing.result()
+    return loop.time() - started
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_shutdown_cancels_a_run_still_going_at_the_end_of_the_drain(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that does not finish in ``shutdown_drain_time``: ours cancels it as a client's
+    cancel would. Its ``cancel()`` is called, its ``finally`` runs, the store holds CANCELED
+    with a status message saying the server shut down when ``aclose()`` returns, and its
+    stream and a subscriber end on CANCELED. Stock's store keeps it WORKING."""
+    server = running(kind)
+    stream = await start(server)
+    task_id = server.executor.task_id or ""
+    subscriber = Stream(server.calls.subscribe(task_id, "alice"))
+    await wait_all_tasks_blocked()
+    told_at = caplog.at_level(logging.INFO, logger="a2a_cancelfix")
+    with told_at, logged(f"cancel task={task_id} path=shutdown outcome=CANCELED") as told:
+        took = await closed(server)
+    task = await within(server.calls.get(task_id, "alice"))
+    if kind == "stock":
+        assert state_of(task) == "WORKING"
+        assert not server.executor.cancel_called.is_set()
+        return
+    assert state_of(task) == "CANCELED" and "server shut down" in task.status.message.parts[0].text
+    assert server.executor.cancel_called.is_set() and server.executor.stopped.is_set()
+    assert await stream.ended() and stream.last == "CANCELED"
+    assert await subscriber.ended() and subscriber.last == "CANCELED"
+    await within(told.wait())
+    assert DRAIN * 0.9 <= took <= BOUND_OF_ACLOSE
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_run_that_finishes_within_the_drain_time_completes(kind: str) -> None:
+    """The run finishes while ``aclose()`` waits: ours lets it complete, cancels nothing, and
+    returns as it does. Stock's ``aclose()`` (1.1.2+) closes the run at once: WORKING stays."""
+    server = running(kind)
+    stream = await start(server)
+    task_id = server.executor.task_id or ""
+    closing = asyncio.ensure_future(closed(server))
+    await wait_all_tasks_blocked()
+    server.executor.step.open()
+    took = await within(closing, BOUND_OF_ACLOSE)
+    if kind == "stock":  # 1.0.x has no aclose() to compare.
+        if getattr(server.handler, "aclose", None) is not None:
+            assert await within(stored(server, task_id)) == "WORKING"
+            assert not server.executor.completed.is_set()
+        return
+    state = await within(stored(server, task_id))
+    assert state == "COMPLETED" and stream.last == "COMPLETED"
+    assert not server.executor.cancel_called.is_set()
+    assert took < DRAIN
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_leaves_a_parked_task_parked() -> None:
+    """A task waiting for input runs nothing: ``aclose()`` leaves it INPUT_REQUIRED, at once."""
+    server = running("ours", ScriptedExecutor(park=True))
+    await start(server)
+    took = await closed(server)
+    assert await within(stored(server, server.executor.task_id or "")) == "INPUT_REQUIRED"
+    assert not server.executor.cancel_called.is_set()
+    assert took < DRAIN
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["send", "stream", "follow-up"])
+async def test_a_message_sent_during_the_drain_is_refused(how: str) -> None:
+    """While ``aclose()`` lets the runs finish, a new message (blocking or streamed, new task or
+    follow-up) is refused with an A2A error that says why, and runs nothing."""
+    executor = ScriptedExecutor(park=True)
+    server = running("ours", executor)
+    await start(server)
+    parked = executor.task_id or ""
+    held = Stream(server.calls.send_stream(SendMessageRequest(message=message()), "alice"))
+    await within(executor.step.reached.wait())  # The second run works: the drain waits for it.
+    closing = asyncio.ensure_future(closed(server))
+    await wait_all_tasks_blocked()
+    request = SendMessageRequest(message=message("again", parked if how == "follow-up" else ""))
+    if how == "stream":
+        refused = Stream(server.calls.send_stream(request, "alice"))
+        assert await refused.ended()
+        assert isinstance(refused.error, UnsupportedOperationError), refused.error
+        assert "shutting down" in str(refused.error)
+    else:
+        assert await within(outcome(server.calls.send(request, "alice"))) == "UnsupportedOperation"
+    assert executor.runs == 2
+    executor.step.open()
+    await within(closing, BOUND_OF_ACLOSE)
+    assert await held.ended() and held.last == "COMPLETED"
+    assert await within(stored(server, parked)) == "INPUT_REQUIRED"
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_names_a_running_task_whose_canceled_the_store_refused() -> None:
+    """The store refuses every CANCELED: the run is cancelled at the end of the drain, its
+    CANCELED is never recorded, and ``aclose()`` returns within its bound with a WARNING that
+    names the task (it still shows WORKING)."""
+    store = RefusesCanceled(FinalStateTaskStore(InMemoryTaskStore()))
+    server = running("ours", store=store)
+    await start(server)
+    task_id = server.executor.task_id or ""
+    with logged(f"task {task_id}: the store") as warned:
+        took = await closed(server)
+        await within(warned.wait())
+    assert server.executor.cancel_called.is_set()
+    assert took <= BOUND_OF_ACLOSE
+    assert await within(stored(server, task_id)) == "WORKING"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_shutdown_ends_within_its_bound_a_run_that_ignores_the_cancel(kind: str) -> None:
+    """An ``execute()`` that swallows every interrupt and a ``cancel()`` that never returns:
+    ours still returns from ``aclose()`` within its bound, the store holding CANCELED. Stock's
+    store keeps it WORKING."""
+    server = running(kind, ScriptedExecutor(swallow=True, cancel="hang"))
+    stream = await start(server)
+    task_id = server.executor.task_id or ""
+    try:
+        took = await closed(server)
+        state = await within(stored(server, task_id))
+        if kind == "stock":  # Its aclose() (1.1.2+) waits for the run, which it cannot stop.
+            assert state == "WORKING"
+        else:
+            assert state == "CANCELED" and await stream.ended() and stream.last == "CANCELED"
+            assert DRAIN * 0.9 <= took <= BOUND_OF_ACLOSE
+    finally:
+        server.executor.released.set()
+    await within(server.executor.stopped.wait())

@@ -29,7 +29,16 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from a2a_cancelfix import FinalStateTaskStore
 from a2a_cancelfix._cancel.settings import Timing
-from a2a_cancelfix.testing import Bench, ScriptedExecutor, cancel, message, outcome, start, within
+from a2a_cancelfix.testing import (
+    Bench,
+    ScriptedExecutor,
+    cancel,
+    make_server,
+    message,
+    outcome,
+    start,
+    within,
+)
 from a2a_cancelfix.tools import scenarios
 
 from .support import logged
@@ -431,3 +440,18 @@ async def test_a_task_nobody_watches_is_cancelled_in_a_span_of_its_own(recorder:
     assert ours(span)["unwatched_after_s"] == scenarios.UNWATCHED_AFTER
     assert steps(span) == LOCAL_STEPS
     assert counts["a2a_cancelfix.cancels"] == {frozenset({("path", "unwatched"), ("outcome", "CANCELED")}): 1}
+
+
+@pytest.mark.asyncio
+async def test_a_run_still_going_at_shutdown_is_cancelled_in_a_span_of_its_own(recorder: Recorder) -> None:
+    """``aclose()``'s cancel of a run still going after ``shutdown_drain_time``: no request asked
+    for it, so it has a span of its own, with path ``shutdown`` and the lifecycle's steps."""
+    with recorder.armed():
+        server = make_server("ours", ScriptedExecutor(), shutdown_drain_time=0.1, timing=Timing(margin=0.1))
+        await start(server)
+        await within(server.handler.aclose())
+        spans, counts = recorder.spans(), recorder.counts()
+    span = the(spans, "a2a_cancelfix.shutdown_cancel")
+    assert ours(span)["cancel.path"] == "shutdown" and ours(span)["cancel.outcome"] == "CANCELED"
+    assert steps(span) == LOCAL_STEPS
+    assert counts["a2a_cancelfix.cancels"] == {frozenset({("path", "shutdown"), ("outcome", "CANCELED")}): 1}

@@ -166,6 +166,23 @@ class Cancellation:
             message=why,
         )
 
+    @classmethod
+    def shut_down(
+        cls, task_id: str, executor: AgentExecutor, work: Work | None, timeline: Timeline
+    ) -> Cancellation:
+        """The cancel of a run still going when the server shut down; on a span of its own."""
+        why = "Canceled: the server shut down before the task finished"
+        return cls(
+            task_id,
+            executor,
+            work,
+            timeline,
+            reason=why,
+            span=_telemetry.shutdown_span(task_id),
+            path="shutdown",
+            message=why,
+        )
+
     @property
     def late(self) -> bool:
         """Whether the deadline has passed."""

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from a2a_cancelfix._aio import Once, suspended_on
-from a2a_cancelfix.checkpoints import Run, enter_run, leave_run
+from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
+
+if TYPE_CHECKING:
+    from a2a.server.context import ServerCallContext
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -36,6 +40,17 @@ class Work(Run):
     found_at: asyncio.Future[Any] | None = None
     had_callbacks = False
     _ended: Once | None = None  # Made by the first wait for the end.
+
+    def __init__(
+        self,
+        task_id: str,
+        caller: ServerCallContext,
+        watch: Callable[[], Awaitable[None]] | None = None,
+        interval: float = math.inf,
+        probe: Probe | None = None,
+    ) -> None:
+        super().__init__(task_id, watch, interval, probe)
+        self.caller = caller  # Who sent the message it runs: a shutdown reads its task as them.
 
     def signalled(self) -> None:
         """The cancel has come, its callbacks not fired yet: note where the work waits."""
