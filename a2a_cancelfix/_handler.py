@@ -8,7 +8,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from a2a.server.agent_execution import AgentExecutor
 from a2a.server.context import ServerCallContext
@@ -275,9 +275,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 except A2AError:
                     raise
                 except Exception as error:
-                    if raised_by_execute(error):
-                        raise  # Passed on, as the SDK's handler does.
-                    raise _failed("", error) from error
+                    _raise_for("", error)
                 refused = self._remote.refused_tasks  # Empty unless a save was refused.
                 if refused and isinstance(result, Task) and result.id in refused:
                     return await self._remote.as_stored(result, context)
@@ -293,9 +291,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             except A2AError:
                 raise
             except Exception as error:
-                if raised_by_execute(error):
-                    raise
-                raise _failed(params.message.task_id, error) from error
+                _raise_for(params.message.task_id, error)
             finally:
                 unprocessed = lifecycle.follow_up_unprocessed(message_id)
             if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
@@ -369,9 +365,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except A2AError:
             raise
         except Exception as error:
-            if raised_by_execute(error):
-                raise
-            raise _failed(params.message.task_id, error) from error
+            _raise_for(params.message.task_id, error)
         finally:
             if watchers is not None and observer is not None:
                 watchers.close(observer)
@@ -424,9 +418,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except A2AError:
             raise
         except Exception as error:
-            if raised_by_execute(error):
-                raise
-            raise _failed(params.id, error) from error
+            _raise_for(params.id, error)
         finally:
             if watchers is not None and observer is not None:
                 watchers.close(observer)
@@ -504,6 +496,14 @@ def _ended_without_it(state: int) -> bool:
     """Whether a task's end tells a follow-up's sender nothing of its message: a cancel that
     raced it does (its sender sees CANCELED); an end the task reached before it was run does not."""
     return state != _sdk.CANCELED
+
+
+def _raise_for(task_id: str, error: Exception) -> NoReturn:
+    """Raise what a caller gets for ``error``: the executor's own exception, passed on as the
+    SDK's handler does; anything else (the task store's driver, say) as `_failed` makes it."""
+    if raised_by_execute(error):
+        raise error
+    raise _failed(task_id, error) from error
 
 
 def _failed(task_id: str, error: Exception) -> InternalError:
