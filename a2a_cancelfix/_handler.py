@@ -29,8 +29,8 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import deadline_in, in_background, wait_done
+from a2a_cancelfix import _exit_signal, _sdk, _telemetry
+from a2a_cancelfix._aio import Once, deadline_in, in_background, wait_done
 from a2a_cancelfix._cancel.settings import (
     DEFAULT_DRAIN_TIME,
     DEFAULT_GRACE_PERIOD,
@@ -184,6 +184,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled
         self._closing = False  # aclose() has begun: no new message is taken.
+        self._shutdown: asyncio.Future[None] | None = None  # aclose()'s work, begun once.
+        self._exit_watched = False  # The server's exit signal begins the shutdown (_exit_signal.py).
+        self._streams = 0  # Streams open here of runs here: the exit signal's hold waits for them.
+        self._streams_closed: Once | None = None
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
@@ -232,7 +236,38 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         CANCELED write is tried once more; meanwhile the runs left are closed, as the SDK's own
         ``aclose`` does from a2a-sdk 1.1.2. A WARNING names each task whose pushes or CANCELED
         did not land.
+
+        Under uvicorn, this begins at the exit signal already, before uvicorn waits for the open
+        connections and sse-starlette ends their streams (see docs/behaviour.md); a call
+        then waits for that shutdown, as a second call waits for the first.
         """
+        if self._shutdown is None:
+            self._closing = True
+            self._shutdown = in_background(self._shut_down())
+        await asyncio.shield(self._shutdown)
+
+    async def _end_at_exit_signal(self) -> None:
+        """The shutdown begun at the server's exit signal: ``aclose()``, then a wait until every
+        stream of a run here has closed (on its task's terminal event, or as its run closed),
+        bounded as ``aclose()`` is."""
+        settings = self._lifecycle.settings
+        closed_by = deadline_in(_shutdown_bound(settings))
+        await self.aclose()
+        if self._streams:
+            self._streams_closed = Once()
+            await self._streams_closed.wait(closed_by)
+
+    def _stream_closed(self) -> None:
+        self._streams -= 1
+        if not self._streams and self._streams_closed is not None:
+            self._streams_closed.give()
+
+    def _watch_exit_signal(self) -> None:
+        """Have the exit signal of the server this runs in begin the shutdown (once)."""
+        self._exit_watched = True
+        _exit_signal.watch(self._end_at_exit_signal, _shutdown_bound(self._lifecycle.settings))
+
+    async def _shut_down(self) -> None:
         lifecycle = self._lifecycle
         settings = lifecycle.settings
         margin = settings.timing.margin
@@ -260,6 +295,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_required_fields(params)
         if self._closing:
             raise _shutting_down()
+        if not self._exit_watched:
+            self._watch_exit_signal()
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
@@ -314,6 +351,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_streaming(self)
         if self._closing:
             raise _shutting_down()
+        if not self._exit_watched:
+            self._watch_exit_signal()
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
@@ -328,6 +367,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
+        self._streams += 1
         try:
             async for event in events:
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
@@ -367,6 +407,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             _raise_for(params.message.task_id, error)
         finally:
+            self._stream_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
             if follow_up:
@@ -400,10 +441,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             and await _sdk.live_task(self, task.id) is None
         ):
             events = self._remote.follow(task, context)
+            here = False  # Its run is elsewhere: this replica's shutdown does not end it.
         else:
             events = _sdk_subscribe(self, params, context)
+            here = True
         watchers = self._lifecycle.watchers
         observer = None if watchers is None else watchers.open(task.id)
+        self._streams += here
         try:
             ended = False
             async for event in _until_terminal(events):
@@ -420,6 +464,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             _raise_for(params.id, error)
         finally:
+            if here:
+                self._stream_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
@@ -486,6 +532,11 @@ async def _drain(events: AsyncGenerator[Any, None]) -> None:
         logger.debug("a stream raised after its terminal event", exc_info=True)
     finally:
         await events.aclose()
+
+
+def _shutdown_bound(settings: Settings) -> float:
+    """Seconds within which ``aclose()`` returns: the drain, a cancel's grace, the margins."""
+    return settings.shutdown_drain_time + settings.cancel_grace_period + 3.0
 
 
 def _task_id_of(event: Any) -> str:
