@@ -30,17 +30,18 @@ from a2a_cancelfix._aio import in_background
 
 logger = logging.getLogger("a2a_cancelfix")
 
-# Begins (or joins) one handler's shutdown; returns once its streams have closed.
-Shutdown = Callable[[], Awaitable[None]]
+# Begins (or joins) a handler's shutdown; returns once its streams have closed.
+Shutdown = Callable[[Any], Awaitable[None]]
 SignalHandler = Callable[[int, "FrameType | None"], Any]
 
 _hook: ExitHook | None = None
 _warned = False
 
 
-def watch(shutdown: Shutdown, bound: float) -> None:
-    """Have ``shutdown`` begin at the exit signal of the uvicorn server running this loop,
-    and sse-starlette's ending of streams wait for it, ``bound`` seconds at most.
+def watch(handler: object, shutdown: Shutdown, bound: float) -> None:
+    """Have ``shutdown(handler)`` begin at the exit signal of the uvicorn server running this
+    loop, and sse-starlette's ending of streams wait for it, ``bound`` seconds at most; while
+    the handler lives.
 
     Called in the server's loop. Not under uvicorn (another server, no server, a thread
     other than the main one), nothing is done: the shutdown begins with ``aclose()``.
@@ -68,7 +69,7 @@ def watch(shutdown: Shutdown, bound: float) -> None:
         hook = _hook = ExitHook(exit_handler, asyncio.get_running_loop(), streams)
         for sig in _SIGNALS:
             signal.signal(sig, hook)  # uvicorn puts its own saved handlers back as it exits.
-    hook.add(shutdown, bound)
+    hook.add(handler, shutdown, bound)
 
 
 class ExitHook:
@@ -80,13 +81,14 @@ class ExitHook:
         self._exit_handler = exit_handler
         self._loop = loop
         self._streams = streams
-        self._shutdowns: list[tuple[weakref.WeakMethod[Shutdown], float]] = []
+        self._shutdowns: list[tuple[weakref.ref[object], Shutdown, float]] = []
         self._signals = 0
 
-    def add(self, shutdown: Shutdown, bound: float) -> None:
-        """Begin ``shutdown`` at the signal; wait for it ``bound`` seconds at most."""
-        self._shutdowns = [(method, seconds) for method, seconds in self._shutdowns if method() is not None]
-        self._shutdowns.append((weakref.WeakMethod(shutdown), bound))
+    def add(self, handler: object, shutdown: Shutdown, bound: float) -> None:
+        """Begin ``shutdown(handler)`` at the signal, while the handler lives; wait for it
+        ``bound`` seconds at most."""
+        self._shutdowns = [entry for entry in self._shutdowns if entry[0]() is not None]
+        self._shutdowns.append((weakref.ref(handler), shutdown, bound))
 
     def __call__(self, sig: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -100,17 +102,20 @@ class ExitHook:
             self._loop.call_soon_threadsafe(self._begin)
 
     def _begin(self) -> None:
-        shutdowns = [(method(), bound) for method, bound in self._shutdowns]
-        alive = [(shutdown, bound) for shutdown, bound in shutdowns if shutdown is not None]
+        alive = [
+            (handler, shutdown, bound)
+            for ref, shutdown, bound in self._shutdowns
+            if (handler := ref()) is not None
+        ]
         if not alive:
             self._streams.release()
             return
-        self._loop.call_later(max(bound for _, bound in alive), self._streams.release)
-        in_background(self._shut_down([shutdown for shutdown, _ in alive]))
+        self._loop.call_later(max(bound for _, _, bound in alive), self._streams.release)
+        in_background(self._shut_down([shutdown(handler) for handler, shutdown, _ in alive]))
 
-    async def _shut_down(self, shutdowns: list[Shutdown]) -> None:
+    async def _shut_down(self, shutdowns: list[Awaitable[None]]) -> None:
         try:
-            outcomes = await asyncio.gather(*(shutdown() for shutdown in shutdowns), return_exceptions=True)
+            outcomes = await asyncio.gather(*shutdowns, return_exceptions=True)
             for outcome in outcomes:
                 if isinstance(outcome, Exception):
                     logger.warning("a shutdown begun at the exit signal failed", exc_info=outcome)

@@ -243,15 +243,21 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """
         if self._shutdown is None:
             self._closing = True
-            self._shutdown = in_background(self._shut_down())
+            # The class's, named: under patch(), self is of the SDK's class.
+            self._shutdown = in_background(DefaultRequestHandler._shut_down(self))
         await asyncio.shield(self._shutdown)
+
+    def _watch_exit_signal(self) -> None:
+        """Have the exit signal of the server this runs in begin the shutdown (once)."""
+        self._exit_watched = True
+        bound = _shutdown_bound(self._lifecycle.settings)
+        _exit_signal.watch(self, DefaultRequestHandler._end_at_exit_signal, bound)
 
     async def _end_at_exit_signal(self) -> None:
         """The shutdown begun at the server's exit signal: ``aclose()``, then a wait until every
         stream of a run here has closed (on its task's terminal event, or as its run closed),
         bounded as ``aclose()`` is."""
-        settings = self._lifecycle.settings
-        closed_by = deadline_in(_shutdown_bound(settings))
+        closed_by = deadline_in(_shutdown_bound(self._lifecycle.settings))
         await self.aclose()
         if self._streams:
             self._streams_closed = Once()
@@ -261,11 +267,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self._streams -= 1
         if not self._streams and self._streams_closed is not None:
             self._streams_closed.give()
-
-    def _watch_exit_signal(self) -> None:
-        """Have the exit signal of the server this runs in begin the shutdown (once)."""
-        self._exit_watched = True
-        _exit_signal.watch(self._end_at_exit_signal, _shutdown_bound(self._lifecycle.settings))
 
     async def _shut_down(self) -> None:
         lifecycle = self._lifecycle
@@ -296,7 +297,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._closing:
             raise _shutting_down()
         if not self._exit_watched:
-            self._watch_exit_signal()
+            DefaultRequestHandler._watch_exit_signal(self)
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
@@ -352,7 +353,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if self._closing:
             raise _shutting_down()
         if not self._exit_watched:
-            self._watch_exit_signal()
+            DefaultRequestHandler._watch_exit_signal(self)
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
@@ -407,7 +408,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             _raise_for(params.message.task_id, error)
         finally:
-            self._stream_closed()
+            DefaultRequestHandler._stream_closed(self)
             if watchers is not None and observer is not None:
                 watchers.close(observer)
             if follow_up:
@@ -465,7 +466,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             _raise_for(params.id, error)
         finally:
             if here:
-                self._stream_closed()
+                DefaultRequestHandler._stream_closed(self)
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 

@@ -1,6 +1,7 @@
 """An A2A server under uvicorn, to be stopped with SIGTERM as a deploy stops it (test_sigterm.py).
 
-Run as ``python tests/sigterm_server.py stock|ours DATABASE_URL``; it prints ``READY <port>``
+Run as ``python tests/sigterm_server.py stock|ours|patched DATABASE_URL`` (``patched``: the
+SDK's handler, built after ``a2a_cancelfix.patch()``, as a framework would build it); it prints ``READY <port>``
 once it serves on 127.0.0.1 (JSON-RPC at ``/``, REST under ``/rest``), and exits when its
 standard input closes, so it never outlives the test that started it. Its lifespan's shutdown
 calls the handler's ``aclose()``, as the README wires it (stock's exists from a2a-sdk 1.1.2).
@@ -36,7 +37,7 @@ from a2a.types import AgentCapabilities, AgentCard, TaskState
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 
-from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable
+from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable, patch
 
 DRAIN = 1.0  # shutdown_drain_time
 GRACE = 1.0  # cancel_grace_period
@@ -99,6 +100,8 @@ def build(kind: str, url: str, exiting: Callable[[], bool]) -> Starlette:
     if kind == "ours":
         handler = DefaultRequestHandler(**arguments, cancel_grace_period=GRACE, shutdown_drain_time=DRAIN)
     else:
+        if kind == "patched":
+            patch(cancel_grace_period=GRACE, shutdown_drain_time=DRAIN)
         handler = DefaultRequestHandlerV2(**arguments)
 
     @contextlib.asynccontextmanager

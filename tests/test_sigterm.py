@@ -136,15 +136,16 @@ def status_text(event: Any) -> str:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.parametrize("kind", ["stock", "ours", "patched"])
 async def test_sigterm_ends_the_open_streams_on_their_tasks_terminal_events(
     kind: str, tmp_path: Path
 ) -> None:
     """SIGTERM with two tasks running, each with its sender's stream and a subscriber, over
-    JSON-RPC and REST: ours ends the run that does not finish within the drain CANCELED ("the
-    server shut down") and lets the other complete; each stream ends on its task's terminal
-    event, the store holds both, the push config hears CANCELED, and the process exits within
-    the shutdown's bound. Stock's streams end on WORKING, as its store keeps it."""
+    JSON-RPC and REST: ours (swapped in, or built by the SDK's class after ``patch()``) ends
+    the run that does not finish within the drain CANCELED ("the server shut down") and lets
+    the other complete; each stream ends on its task's terminal event, the store holds both,
+    the push config hears CANCELED, and the process exits within the shutdown's bound.
+    Stock's streams end on WORKING, as its store keeps it."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}"
     engine = create_async_engine(url)
     await asyncio.wait_for(DatabaseTaskStore(engine).initialize(), BOUND)  # Before the server races to.
@@ -169,7 +170,7 @@ async def test_sigterm_ends_the_open_streams_on_their_tasks_terminal_events(
             streams = (long, finishing, long_subscriber, finishing_subscriber)
             for stream in streams:
                 assert await stream.ended(BOUND) and stream.error is None, stream.error
-            exited = await server.exited(EXIT_BOUND if kind == "ours" else BOUND)
+            exited = await server.exited(BOUND if kind == "stock" else EXIT_BOUND)
             took = loop.time() - signalled
             received = list(pushed.received.get(push_url, []))
         long_stored = await stored(url, long_id)
