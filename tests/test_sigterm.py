@@ -1,17 +1,21 @@
-"""SIGTERM to a real uvicorn server, as a deploy sends it, with streams open on running tasks.
+"""SIGTERM to a uvicorn server, as a deploy sends it, with streams open on running tasks.
 
 At the signal, sse-starlette ends every event stream at once and uvicorn waits for the open
 connections; the lifespan's ``aclose()`` comes after both. Ours begins its shutdown at the
-signal and holds sse-starlette until its streams have closed on their tasks' terminal events.
+signal and holds sse-starlette until its streams have closed on their tasks' terminal events
+(a2a_cancelfix/_exit_signal.py). First the hook in process, on every release; then real server
+processes, stock beside ours.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
+import types
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,18 +23,27 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import StreamResponse, Task
 from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from a2a_cancelfix.testing import PushReceiver, Stream
+from a2a_cancelfix import _exit_signal
+from a2a_cancelfix._exit_signal import ExitHook, Streams
+from a2a_cancelfix.testing import (
+    Gate,
+    PushReceiver,
+    ScriptedExecutor,
+    Stream,
+    make_server,
+    start,
+    wait_all_tasks_blocked,
+    within,
+)
 
 from .sigterm_server import DRAIN, GRACE
-
-# A real server process, a few seconds each; the path does not differ between releases.
-pytestmark = pytest.mark.edges_only
 
 SERVER = Path(__file__).parent / "sigterm_server.py"
 HEADERS = {"A2A-Version": "1.0"}
@@ -38,6 +51,143 @@ HEADERS = {"A2A-Version": "1.0"}
 SHUTDOWN_BOUND = DRAIN + GRACE + 3.0
 EXIT_BOUND = SHUTDOWN_BOUND + 2.0
 BOUND = 20.0  # Anything else, with room for a loaded machine.
+
+
+class AppStatus:
+    """sse-starlette 3.x's ``AppStatus``, as _exit_signal.py uses it, for one test: the real
+    one is the process's, and once it ends the streams it ends every later one at once."""
+
+    def __init__(self, automatic: bool = True) -> None:
+        self.enable_automatic_graceful_drain = automatic
+        self.ended = asyncio.Event()  # should_exit was set: every stream ends.
+
+    @property
+    def should_exit(self) -> bool:
+        return self.ended.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            self.ended.set()
+
+    def disable_automatic_graceful_drain(self) -> None:
+        self.enable_automatic_graceful_drain = False
+
+    def enable_automatic_graceful_drain_mode(self) -> None:
+        self.enable_automatic_graceful_drain = True
+
+
+class Handler:
+    """What the hook begins the shutdown of: a gate it waits at."""
+
+    def __init__(self) -> None:
+        self.shutdown = Gate()
+
+    @staticmethod
+    async def shut_down(handler: Handler) -> None:
+        await handler.shutdown()
+
+
+def hooked(
+    status: AppStatus, handler: Handler, bound: float = BOUND
+) -> tuple[ExitHook, list[tuple[int, bool]]]:
+    """The hook, in front of a stand-in for uvicorn's handler that notes each signal and
+    whether sse-starlette's automatic ending of streams was on as it came."""
+    seen: list[tuple[int, bool]] = []
+
+    def uvicorns(sig: int, frame: types.FrameType | None) -> None:
+        seen.append((sig, status.enable_automatic_graceful_drain))
+
+    hook = ExitHook(uvicorns, asyncio.get_running_loop(), Streams(status))
+    hook.add(handler, Handler.shut_down, bound)
+    return hook, seen
+
+
+@pytest.mark.asyncio
+async def test_the_exit_signal_begins_the_shutdown_and_the_streams_end_after_it() -> None:
+    """At SIGTERM, sse-starlette's ending of streams is switched off before uvicorn's handler
+    runs, the handler's shutdown begins, and the streams are ended only once it is over."""
+    status, handler = AppStatus(), Handler()
+    hook, seen = hooked(status, handler)
+    hook(signal.SIGTERM, None)
+    assert seen == [(signal.SIGTERM, False)]
+    await within(handler.shutdown.reached.wait())
+    assert not status.should_exit
+    handler.shutdown.open()
+    await within(status.ended.wait())
+    assert status.enable_automatic_graceful_drain  # Back as it was.
+
+
+@pytest.mark.asyncio
+async def test_a_second_signal_ends_the_streams_at_once() -> None:
+    """A second signal, the shutdown still going: the streams are ended at once, and uvicorn's
+    handler sees the signal too (a second SIGINT forces its exit)."""
+    status, handler = AppStatus(), Handler()
+    hook, seen = hooked(status, handler)
+    hook(signal.SIGTERM, None)
+    await within(handler.shutdown.reached.wait())
+    hook(signal.SIGINT, None)
+    assert status.should_exit and seen[-1][0] == signal.SIGINT
+    handler.shutdown.open()
+
+
+@pytest.mark.asyncio
+async def test_the_streams_end_at_the_bound_of_a_shutdown_that_does_not() -> None:
+    """A shutdown that never returns holds the streams for its bound, no longer."""
+    status, handler = AppStatus(), Handler()
+    hook, _ = hooked(status, handler, bound=0.2)
+    loop = asyncio.get_running_loop()
+    signalled = loop.time()
+    hook(signal.SIGTERM, None)
+    await within(status.ended.wait())
+    assert loop.time() - signalled >= 0.19  # The loop's clock may fire a timer a tick early.
+    handler.shutdown.open()
+
+
+@pytest.mark.asyncio
+async def test_an_application_that_ends_the_streams_itself_is_left_to_it() -> None:
+    """sse-starlette's automatic ending switched off by the application: the hook neither
+    switches it on nor ends the streams; the shutdown still begins at the signal."""
+    status, handler = AppStatus(automatic=False), Handler()
+    hook, _ = hooked(status, handler)
+    hook(signal.SIGTERM, None)
+    await within(handler.shutdown.reached.wait())
+    handler.shutdown.open()
+    await wait_all_tasks_blocked()  # The hook's own ending, after the shutdown's.
+    assert not status.should_exit and not status.enable_automatic_graceful_drain
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("sse_starlette", ["installed", "2.x"])
+async def test_under_uvicorn_a_handler_hooks_the_exit_signal_or_warns_once(
+    sse_starlette: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under uvicorn's signal handlers, our handler's first message puts the hook in front of
+    them, with the installed sse-starlette. With one that cannot hold its streams (2.x), they
+    stay uvicorn's, as the shutdown stays aclose()'s, and one WARNING says so, once."""
+    monkeypatch.setattr(_exit_signal, "_hook", None)
+    monkeypatch.setattr(_exit_signal, "_warned", False)
+    if sse_starlette == "2.x":
+        older = types.ModuleType("sse_starlette.sse")
+        older.AppStatus = type("AppStatus", (), {"should_exit": False})  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "sse_starlette.sse", older)
+    else:
+        import sse_starlette.sse  # What the SDK's routes import.
+    server = uvicorn.Server(uvicorn.Config(app=None))
+    with server.capture_signals(), caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+        uvicorns = signal.getsignal(signal.SIGTERM)
+        for _ in range(2):
+            ours = make_server("ours", ScriptedExecutor(park=True))
+            await start(ours)
+            await within(ours.handler.aclose())
+        handlers = {signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)}
+    warnings = [record for record in caplog.records if "sse-starlette" in record.getMessage()]
+    if sse_starlette == "2.x":
+        assert handlers == {uvicorns} and len(warnings) == 1
+    else:
+        assert all(isinstance(handler, ExitHook) for handler in handlers) and len(handlers) == 1
+        assert not warnings
+    assert signal.getsignal(signal.SIGTERM) is not uvicorns  # uvicorn put its saved ones back.
 
 
 class SigtermServer:
@@ -135,6 +285,8 @@ def status_text(event: Any) -> str:
     return " ".join(part.text for part in event.status.message.parts)
 
 
+# A real server process, a few seconds each; the path does not differ between releases.
+@pytest.mark.edges_only
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["stock", "ours", "patched"])
 async def test_sigterm_ends_the_open_streams_on_their_tasks_terminal_events(
