@@ -5,6 +5,7 @@ SDK's handler, built after ``a2a_cancelfix.patch()``, as a framework would build
 once it serves on 127.0.0.1 (JSON-RPC at ``/``, REST under ``/rest``), and exits when its
 standard input closes, so it never outlives the test that started it. Its lifespan's shutdown
 calls the handler's ``aclose()``, as the README wires it (stock's exists from a2a-sdk 1.1.2).
+``A2ACF_DRAIN`` sets ours' ``shutdown_drain_time`` (1 s).
 
 A message ``finish`` runs until the server has its exit signal, then completes a few steps
 later; any other runs longer than the shutdown waits.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import sys
 import threading
@@ -39,7 +41,7 @@ from starlette.applications import Starlette
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable, patch
 
-DRAIN = 1.0  # shutdown_drain_time
+DRAIN = float(os.environ.get("A2ACF_DRAIN", 1.0))  # shutdown_drain_time
 GRACE = 1.0  # cancel_grace_period
 STEP_SECONDS = 0.02
 LONG_STEPS = 1500  # 30 s: far past the shutdown's bound.

@@ -51,6 +51,7 @@ HEADERS = {"A2A-Version": "1.0"}
 SHUTDOWN_BOUND = DRAIN + GRACE + 3.0
 EXIT_BOUND = SHUTDOWN_BOUND + 2.0
 BOUND = 20.0  # Anything else, with room for a loaded machine.
+FORCED_EXIT_BOUND = 10.0  # A third of the drain the forced exit cuts short.
 
 
 class AppStatus:
@@ -197,7 +198,7 @@ class SigtermServer:
         self.process, self.url = process, f"http://127.0.0.1:{port}"
 
     @classmethod
-    async def start(cls, kind: str, url: str) -> SigtermServer:
+    async def start(cls, kind: str, url: str, **environment: str) -> SigtermServer:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             str(SERVER),
@@ -206,7 +207,7 @@ class SigtermServer:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=str(SERVER.parent.parent),
-            env=os.environ.copy(),
+            env={**os.environ, **environment},
         )
         line = await asyncio.wait_for(process.stdout.readline(), 60)
         if not line.startswith(b"READY "):
@@ -221,6 +222,20 @@ class SigtermServer:
         except asyncio.TimeoutError:
             return False
         return True
+
+    async def refusing(self, seconds: float) -> bool:
+        """Poll, up to ``seconds``, until the server takes no new connection (uvicorn closes its
+        socket as it begins to shut down); whether it does."""
+        host, port = self.url.removeprefix("http://").split(":")
+        deadline = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), seconds)
+            except OSError:
+                return True
+            writer.close()
+            await asyncio.sleep(0.05)  # A poll, on an observable condition, with a deadline.
+        return False
 
     async def stop(self) -> None:
         if self.process.returncode is None:
@@ -273,6 +288,15 @@ def subscribed_over_rest(client: httpx.AsyncClient, url: str, task_id: str) -> S
     return Stream(_events(client, "POST", f"{url}/rest/tasks/{task_id}:subscribe", {}))
 
 
+async def sqlite_store(tmp_path: Path) -> str:
+    """A fresh SQLite store's URL, its table made before the server's first save races to."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}"
+    engine = create_async_engine(url)
+    await asyncio.wait_for(DatabaseTaskStore(engine).initialize(), BOUND)
+    await engine.dispose()
+    return url
+
+
 async def stored(url: str, task_id: str) -> Task | None:
     engine = create_async_engine(url)
     try:
@@ -298,10 +322,7 @@ async def test_sigterm_ends_the_open_streams_on_their_tasks_terminal_events(
     the other complete; each stream ends on its task's terminal event, the store holds both,
     the push config hears CANCELED, and the process exits within the shutdown's bound.
     Stock's streams end on WORKING, as its store keeps it."""
-    url = f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}"
-    engine = create_async_engine(url)
-    await asyncio.wait_for(DatabaseTaskStore(engine).initialize(), BOUND)  # Before the server races to.
-    await engine.dispose()
+    url = await sqlite_store(tmp_path)
     server = await SigtermServer.start(kind, url)
     try:
         async with PushReceiver().serving() as pushed, httpx.AsyncClient(timeout=BOUND) as client:
@@ -344,3 +365,28 @@ async def test_sigterm_ends_the_open_streams_on_their_tasks_terminal_events(
     assert finishing_stored.status.state == finishing.events[-1].status.state  # COMPLETED
     assert received[-1:] == ["CANCELED"], received
     assert exited and took <= EXIT_BOUND, took
+
+
+@pytest.mark.edges_only
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_second_sigint_forces_the_exit_as_uvicorn_does(kind: str, tmp_path: Path) -> None:
+    """SIGTERM, then SIGINT (a second Ctrl-C), a run going and its stream open: the process
+    exits at once, stock or ours, though ours' drain would have let the run go on for 30 s."""
+    server = await SigtermServer.start(kind, await sqlite_store(tmp_path), A2ACF_DRAIN="30")
+    try:
+        async with httpx.AsyncClient(timeout=BOUND) as client:
+            stream = over_json_rpc(client, server.url, "long")
+            await stream.until(lambda: stream.last == "WORKING", BOUND)
+            server.process.send_signal(signal.SIGTERM)
+            # Sent at once, the two would be handled in signal number order, SIGINT first.
+            assert await server.refusing(BOUND)
+            server.process.send_signal(signal.SIGINT)
+            loop = asyncio.get_running_loop()
+            signalled = loop.time()
+            exited = await server.exited(BOUND)
+            took = loop.time() - signalled
+            assert await stream.ended(BOUND)
+    finally:
+        await server.stop()
+    assert exited and took < FORCED_EXIT_BOUND, took
