@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import warnings
@@ -186,8 +187,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self._closing = False  # aclose() has begun: no new message is taken.
         self._shutdown: asyncio.Future[None] | None = None  # aclose()'s work, begun once.
         self._exit_watched = False  # The server's exit signal begins the shutdown (_exit_signal.py).
-        self._streams = 0  # Streams open here of runs here: the exit signal's hold waits for them.
-        self._streams_closed: Once | None = None
+        self._open = _OpenStreams()  # Of runs here: the shutdown waits for them to end.
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
@@ -255,18 +255,22 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
 
     async def _end_at_exit_signal(self) -> None:
         """The shutdown begun at the server's exit signal: ``aclose()``, then a wait until every
-        stream of a run here has closed (on its task's terminal event, or as its run closed),
-        bounded as ``aclose()`` is."""
+        stream of a run here has closed (on its task's end, or as its run was closed), bounded
+        as ``aclose()`` is."""
         closed_by = deadline_in(_shutdown_bound(self._lifecycle.settings))
         await self.aclose()
-        if self._streams:
-            self._streams_closed = Once()
-            await self._streams_closed.wait(closed_by)
+        await self._open.until(self._open.none, closed_by)
 
-    def _stream_closed(self) -> None:
-        self._streams -= 1
-        if not self._streams and self._streams_closed is not None:
-            self._streams_closed.give()
+    async def _ends_delivered(self) -> bool:
+        """Whether every stream here that is to show its task's end has closed: no sender's
+        stream is open (each closes on its task's end, or as the task parks), nor a subscriber's
+        but to a task parked here, which has no end to show."""
+        if self._open.senders:
+            return False
+        for task_id in self._open.subscribed():
+            if task_id in self._lifecycle.works or await _sdk.live_task(self, task_id) is None:
+                return False  # Running still, or ended: its end is on its way to the stream.
+        return True
 
     async def _shut_down(self) -> None:
         lifecycle = self._lifecycle
@@ -280,6 +284,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # Each cancel answers within its grace period and the margins of its recording.
             await wait_done(cancels, deadline_in(settings.cancel_grace_period + 2 * margin))
             drain_by = max(drain_by, deadline_in(margin))
+        # Before the runs' queues close: the class's, named, as self may be of the SDK's class.
+        await self._open.until(functools.partial(DefaultRequestHandler._ends_delivered, self), drain_by)
         closing = in_background(_sdk_close(self) if _sdk_close is not None else _sdk.close_runs(self, margin))
         drains = [lifecycle.drain(drain_by)]
         if self._pushes is not None:
@@ -368,7 +374,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
-        self._streams += 1
+        self._open.sender_opened()
         try:
             async for event in events:
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
@@ -408,7 +414,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             _raise_for(params.message.task_id, error)
         finally:
-            DefaultRequestHandler._stream_closed(self)
+            self._open.sender_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
             if follow_up:
@@ -448,7 +454,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             here = True
         watchers = self._lifecycle.watchers
         observer = None if watchers is None else watchers.open(task.id)
-        self._streams += here
+        if here:
+            self._open.subscriber_opened(task.id)
         try:
             ended = False
             async for event in _until_terminal(events):
@@ -466,7 +473,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             _raise_for(params.id, error)
         finally:
             if here:
-                DefaultRequestHandler._stream_closed(self)
+                self._open.subscriber_closed(task.id)
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
@@ -533,6 +540,54 @@ async def _drain(events: AsyncGenerator[Any, None]) -> None:
         logger.debug("a stream raised after its terminal event", exc_info=True)
     finally:
         await events.aclose()
+
+
+class _OpenStreams:
+    """The streams open here of runs here, senders' and subscribers', that a shutdown waits for."""
+
+    __slots__ = ("_changed", "_subscribers", "senders")
+
+    def __init__(self) -> None:
+        self.senders = 0
+        self._subscribers: dict[str, int] = {}
+        self._changed: Once | None = None  # Given as a stream closes, while a shutdown waits.
+
+    def sender_opened(self) -> None:
+        self.senders += 1
+
+    def sender_closed(self) -> None:
+        self.senders -= 1
+        self._tell()
+
+    def subscriber_opened(self, task_id: str) -> None:
+        self._subscribers[task_id] = self._subscribers.get(task_id, 0) + 1
+
+    def subscriber_closed(self, task_id: str) -> None:
+        left = self._subscribers.pop(task_id) - 1
+        if left:
+            self._subscribers[task_id] = left
+        self._tell()
+
+    def subscribed(self) -> list[str]:
+        """The tasks with a subscriber's stream open."""
+        return list(self._subscribers)
+
+    async def none(self) -> bool:
+        return not self.senders and not self._subscribers
+
+    async def until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> bool:
+        """Wait until ``done()``, asked again as each stream closes, or until ``deadline``;
+        whether it is done."""
+        while True:
+            changed = self._changed = Once()  # Before asking: a close meanwhile is not missed.
+            if await done():
+                return True
+            if not await changed.wait(deadline):
+                return False
+
+    def _tell(self) -> None:
+        if self._changed is not None:
+            self._changed.give()
 
 
 def _shutdown_bound(settings: Settings) -> float:

@@ -390,3 +390,33 @@ async def test_a_second_sigint_forces_the_exit_as_uvicorn_does(kind: str, tmp_pa
     finally:
         await server.stop()
     assert exited and took < FORCED_EXIT_BOUND, took
+
+
+@pytest.mark.edges_only
+@pytest.mark.asyncio
+async def test_sigterm_lets_the_last_run_finish_and_its_streams_show_completed(tmp_path: Path) -> None:
+    """The one run going finishes a tenth of a second after SIGTERM: ours' shutdown goes on as
+    soon as it has, yet its sender's stream and its subscriber, over REST, end on COMPLETED
+    before the run's queues are closed, and the process exits well before the drain time.
+    (Stock's outcome here is a race with sse-starlette's half-second look at the signal.)"""
+    url = await sqlite_store(tmp_path)
+    server = await SigtermServer.start("ours", url, A2ACF_DRAIN="10")
+    try:
+        async with httpx.AsyncClient(timeout=BOUND) as client:
+            sender = over_rest(client, server.url, "finish")
+            await sender.until(lambda: sender.last == "WORKING", BOUND)
+            subscriber = subscribed_over_rest(client, server.url, sender.events[0].id)
+            await subscriber.until(lambda: subscriber.events, BOUND)
+            loop = asyncio.get_running_loop()
+            signalled = loop.time()
+            server.process.send_signal(signal.SIGTERM)
+            for stream in (sender, subscriber):
+                assert await stream.ended(BOUND) and stream.error is None, stream.error
+            exited = await server.exited(BOUND)
+            took = loop.time() - signalled
+        task = await stored(url, sender.events[0].id)
+    finally:
+        await server.stop()
+    assert sender.last == "COMPLETED" and subscriber.last == "COMPLETED"
+    assert task is not None and task.status.state == sender.events[-1].status.state
+    assert exited and took < 10.0 / 2, took
