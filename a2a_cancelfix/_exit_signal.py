@@ -17,6 +17,7 @@ lifespan's ``aclose()``), with one WARNING.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import signal
 import sys
@@ -61,9 +62,10 @@ def watch(handler: object, shutdown: Shutdown, bound: float) -> None:
             if not _warned:
                 _warned = True
                 logger.warning(
-                    "the installed sse-starlette cannot hold its ending of event streams at the "
-                    "exit signal (3.x can): at SIGTERM the streams end without their tasks' "
-                    "terminal events, and the shutdown begins with aclose() (see docs/behaviour.md)"
+                    "sse-starlette %s cannot hold its ending of event streams at the exit signal "
+                    "(3.2 and later can): the shutdown begins with aclose(), once the streams of "
+                    "running tasks have ended without their tasks' ends (see docs/behaviour.md)",
+                    _version("sse-starlette"),
                 )
             return
         hook = _hook = ExitHook(exit_handler, asyncio.get_running_loop(), streams)
@@ -99,7 +101,10 @@ class ExitHook:
         self._exit_handler(sig, frame)
         if self._signals == 1:
             # A signal handler runs between two bytecodes of whatever the loop was doing.
-            self._loop.call_soon_threadsafe(self._begin)
+            try:
+                self._loop.call_soon_threadsafe(self._begin)
+            except RuntimeError:  # The loop has closed: nothing of ours is left to end.
+                self._streams.release()
 
     def _begin(self) -> None:
         alive = [
@@ -126,10 +131,11 @@ class ExitHook:
 class Streams:
     """sse-starlette's ending of every event stream at the exit signal, held, then done.
 
-    Seen in sse-starlette 3.7.1: ``AppStatus.disable_automatic_graceful_drain()`` keeps its
-    patched ``Server.handle_exit`` and its per-loop watcher from ending the streams when
-    uvicorn's ``should_exit`` is set; ``AppStatus.should_exit = True`` ends them (its watcher
-    looks every half second), as its own ``handle_exit`` would have. Both documented there.
+    Seen in sse-starlette 3.2.0-3.7.1 (3.1 has no such switch):
+    ``AppStatus.disable_automatic_graceful_drain()`` keeps its patched ``Server.handle_exit``
+    and its per-loop watcher from ending the streams when uvicorn's ``should_exit`` is set;
+    ``AppStatus.should_exit = True`` ends them (its watcher looks every half second), as its
+    own ``handle_exit`` would have. Both documented there.
     """
 
     def __init__(self, status: Any) -> None:
@@ -150,14 +156,14 @@ class Streams:
             self._status.enable_automatic_graceful_drain_mode()
 
 
-# uvicorn's HANDLED_SIGNALS on POSIX (seen in 0.55.0).
+# uvicorn's HANDLED_SIGNALS on POSIX (seen in 0.29.0-0.55.0).
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _uvicorn_exit(current: Any) -> SignalHandler | None:
     """uvicorn's exit handler, if it handles SIGINT and SIGTERM in this thread.
 
-    Seen in uvicorn 0.55.0: ``Server.capture_signals`` sets ``signal.signal(sig,
+    Seen in uvicorn 0.29.0-0.55.0: ``Server.capture_signals`` sets ``signal.signal(sig,
     self.handle_exit)`` for both, as ``serve()`` begins; ``handle_exit`` sets ``should_exit``
     (a second SIGINT, ``force_exit``). sse-starlette's import replaces the class's
     ``handle_exit`` with its own, which calls uvicorn's: bound to the server all the same.
@@ -174,7 +180,7 @@ def _uvicorn_exit(current: Any) -> SignalHandler | None:
 
 def _sse_starlette() -> Streams | None:
     """The hold of sse-starlette's ending of streams; None if the installed release has none
-    (2.x). With sse-starlette not imported, this process serves no SSE stream through the
+    (before 3.2). With sse-starlette not imported, this process serves no SSE stream through the
     SDK's routes: nothing to hold, and nothing is."""
     module = sys.modules.get("sse_starlette.sse")
     if module is None:
@@ -191,3 +197,10 @@ class _NothingToHold:
 
     enable_automatic_graceful_drain = False
     should_exit = False
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"

@@ -100,6 +100,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         shutdown_drain_time: seconds that ``aclose()`` takes at most: it sends the pushes
             queued behind the runs and tries each pending CANCELED write once more meanwhile,
             and logs a WARNING naming each task whose pushes or write it could not finish.
+            Under uvicorn the shutdown begins at the exit signal (see docs/behaviour.md).
 
     Each handler has its cancels to itself: given a `CancellableExecutor`, it uses the
     executor inside it with its own options, whatever the proxy was built with.

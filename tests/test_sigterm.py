@@ -159,16 +159,16 @@ async def test_an_application_that_ends_the_streams_itself_is_left_to_it() -> No
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("sse_starlette", ["installed", "2.x"])
+@pytest.mark.parametrize("sse_starlette", ["installed", "3.1"])
 async def test_under_uvicorn_a_handler_hooks_the_exit_signal_or_warns_once(
     sse_starlette: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Under uvicorn's signal handlers, our handler's first message puts the hook in front of
-    them, with the installed sse-starlette. With one that cannot hold its streams (2.x), they
-    stay uvicorn's, as the shutdown stays aclose()'s, and one WARNING says so, once."""
+    them, with the installed sse-starlette. With one that cannot hold its streams (before
+    3.2), they stay uvicorn's, as the shutdown stays aclose()'s; one WARNING says so, once."""
     monkeypatch.setattr(_exit_signal, "_hook", None)
     monkeypatch.setattr(_exit_signal, "_warned", False)
-    if sse_starlette == "2.x":
+    if sse_starlette == "3.1":
         older = types.ModuleType("sse_starlette.sse")
         older.AppStatus = type("AppStatus", (), {"should_exit": False})  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "sse_starlette.sse", older)
@@ -183,7 +183,7 @@ async def test_under_uvicorn_a_handler_hooks_the_exit_signal_or_warns_once(
             await within(ours.handler.aclose())
         handlers = {signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)}
     warnings = [record for record in caplog.records if "sse-starlette" in record.getMessage()]
-    if sse_starlette == "2.x":
+    if sse_starlette == "3.1":
         assert handlers == {uvicorns} and len(warnings) == 1
     else:
         assert all(isinstance(handler, ExitHook) for handler in handlers) and len(handlers) == 1
