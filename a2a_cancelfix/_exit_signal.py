@@ -3,10 +3,11 @@
 At SIGTERM (or SIGINT) uvicorn stops taking connections and waits for the open ones, while
 sse-starlette ends every event stream at once, each on whatever event it last sent; the
 lifespan's shutdown, and so ``aclose()``, comes only after both. Our hook goes first: each of
-our handlers in the process begins its shutdown at the signal, and sse-starlette's ending of
-the streams is held until the handlers' own streams have closed (each on its task's terminal
-event) or their bound has passed; then it is done as sse-starlette would have done it. A
-second signal ends the hold at once (and uvicorn forces its exit on a second SIGINT, as ever).
+our handlers in the process begins its ``aclose()`` at the signal, and sse-starlette's ending
+of the streams is held until those are over (each closes its runs only once their streams
+have shown their tasks' ends) or their bound has passed; then it is done as sse-starlette
+would have done it. A second signal ends the hold at once (and uvicorn forces its exit on a
+second SIGINT, as ever).
 
 Only this module touches uvicorn's and sse-starlette's internals, each access with the
 releases it was seen in. They are probed when a handler takes its first message, in the
@@ -31,7 +32,7 @@ from a2a_cancelfix._aio import in_background
 
 logger = logging.getLogger("a2a_cancelfix")
 
-# Begins (or joins) a handler's shutdown; returns once its streams have closed.
+# A handler's aclose(): begins its shutdown, or joins the one begun.
 Shutdown = Callable[[Any], Awaitable[None]]
 SignalHandler = Callable[[int, "FrameType | None"], Any]
 

@@ -252,25 +252,20 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Have the exit signal of the server this runs in begin the shutdown (once)."""
         self._exit_watched = True
         bound = _shutdown_bound(self._lifecycle.settings)
-        _exit_signal.watch(self, DefaultRequestHandler._end_at_exit_signal, bound)
-
-    async def _end_at_exit_signal(self) -> None:
-        """The shutdown begun at the server's exit signal: ``aclose()``, then a wait until every
-        stream of a run here has closed (on its task's end, or as its run was closed), bounded
-        as ``aclose()`` is."""
-        closed_by = deadline_in(_shutdown_bound(self._lifecycle.settings))
-        await self.aclose()
-        await self._open.until(self._open.none, closed_by)
+        _exit_signal.watch(self, DefaultRequestHandler.aclose, bound)
 
     async def _ends_delivered(self) -> bool:
         """Whether every stream here that is to show its task's end has closed: no sender's
         stream is open (each closes on its task's end, or as the task parks), nor a subscriber's
-        but to a task parked here, which has no end to show."""
+        to a task whose run here is going or has just ended (one parked here has no end to
+        show; one run elsewhere is not this shutdown's to end)."""
         if self._open.senders:
             return False
         for task_id in self._open.subscribed():
-            if task_id in self._lifecycle.works or await _sdk.live_task(self, task_id) is None:
-                return False  # Running still, or ended: its end is on its way to the stream.
+            if task_id in self._lifecycle.works:
+                return False
+            if await _sdk.run_of(self, task_id) is not None and await _sdk.live_task(self, task_id) is None:
+                return False  # Its run here has ended: its end is on its way to the stream.
         return True
 
     async def _shut_down(self) -> None:
@@ -572,9 +567,6 @@ class _OpenStreams:
     def subscribed(self) -> list[str]:
         """The tasks with a subscriber's stream open."""
         return list(self._subscribers)
-
-    async def none(self) -> bool:
-        return not self.senders and not self._subscribers
 
     async def until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> bool:
         """Wait until ``done()``, asked again as each stream closes, or until ``deadline``;
