@@ -553,7 +553,8 @@ class _OpenStreams:
 
     def sender_closed(self) -> None:
         self.senders -= 1
-        self._tell()
+        if self._changed is not None:  # Inline: one call fewer on every stream.
+            self._changed.give()
 
     def subscriber_opened(self, task_id: str) -> None:
         self._subscribers[task_id] = self._subscribers.get(task_id, 0) + 1
@@ -562,7 +563,8 @@ class _OpenStreams:
         left = self._subscribers.pop(task_id) - 1
         if left:
             self._subscribers[task_id] = left
-        self._tell()
+        if self._changed is not None:
+            self._changed.give()
 
     def subscribed(self) -> list[str]:
         """The tasks with a subscriber's stream open."""
@@ -577,10 +579,6 @@ class _OpenStreams:
                 return True
             if not await changed.wait(deadline):
                 return False
-
-    def _tell(self) -> None:
-        if self._changed is not None:
-            self._changed.give()
 
 
 def _shutdown_bound(settings: Settings) -> float:
