@@ -27,6 +27,9 @@ SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.2", "1.2.3", "
 #   release, those check it on each: a cancel of a task not live on that replica (our store
 #   write up to 1.1.x, the SDK's own from 1.2.0, both sides taken by the edges too) and
 #   upstream's cluster mode (1.2.0+).
+# - tests/test_sigterm.py's server processes, stopped with SIGTERM: what they add to the hook's
+#   tests in process and tests/test_shutdown.py (both on every release) is uvicorn's and
+#   sse-starlette's order at the signal, which no a2a-sdk release changes.
 # - tests/test_store.py's race between processes: FinalStateTaskStore's guarded write is one SQL
 #   statement of ours, the same on every release, through accessors `_sdk` probes at import.
 # - the tests that run our own entry points in an interpreter of their own: the docs' sweep

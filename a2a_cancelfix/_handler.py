@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import warnings
@@ -29,8 +30,8 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 
-from a2a_cancelfix import _sdk, _telemetry
-from a2a_cancelfix._aio import deadline_in, in_background, wait_done
+from a2a_cancelfix import _exit_signal, _sdk, _telemetry
+from a2a_cancelfix._aio import Once, deadline_in, in_background, wait_done
 from a2a_cancelfix._cancel.settings import (
     DEFAULT_DRAIN_TIME,
     DEFAULT_GRACE_PERIOD,
@@ -99,6 +100,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         shutdown_drain_time: seconds that ``aclose()`` takes at most: it sends the pushes
             queued behind the runs and tries each pending CANCELED write once more meanwhile,
             and logs a WARNING naming each task whose pushes or write it could not finish.
+            Under uvicorn the shutdown begins at the exit signal (see docs/behaviour.md).
 
     Each handler has its cancels to itself: given a `CancellableExecutor`, it uses the
     executor inside it with its own options, whatever the proxy was built with.
@@ -184,6 +186,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled
         self._closing = False  # aclose() has begun: no new message is taken.
+        self._shutdown: asyncio.Future[None] | None = None  # aclose()'s work, begun once.
+        self._exit_watched = False  # The server's exit signal begins the shutdown (_exit_signal.py).
+        self._open = _OpenStreams()  # Of runs here: the shutdown waits for them to end.
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
@@ -232,7 +237,38 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         CANCELED write is tried once more; meanwhile the runs left are closed, as the SDK's own
         ``aclose`` does from a2a-sdk 1.1.2. A WARNING names each task whose pushes or CANCELED
         did not land.
+
+        Under uvicorn, this begins at the exit signal already, before uvicorn waits for the open
+        connections and sse-starlette ends their streams (see docs/behaviour.md); a call
+        then waits for that shutdown, as a second call waits for the first.
         """
+        if self._shutdown is None:
+            self._closing = True
+            # The class's, named: under patch(), self is of the SDK's class.
+            self._shutdown = in_background(DefaultRequestHandler._shut_down(self))
+        await asyncio.shield(self._shutdown)
+
+    def _watch_exit_signal(self) -> None:
+        """Have the exit signal of the server this runs in begin the shutdown (once)."""
+        self._exit_watched = True
+        bound = _shutdown_bound(self._lifecycle.settings)
+        _exit_signal.watch(self, DefaultRequestHandler.aclose, bound)
+
+    async def _ends_delivered(self) -> bool:
+        """Whether every stream here that is to show its task's end has closed: no sender's
+        stream is open (each closes on its task's end, or as the task parks), nor a subscriber's
+        to a task whose run here is going or has just ended (one parked here has no end to
+        show; one run elsewhere is not this shutdown's to end)."""
+        if self._open.senders:
+            return False
+        for task_id in self._open.subscribed():
+            if task_id in self._lifecycle.works:
+                return False
+            if await _sdk.run_of(self, task_id) is not None and await _sdk.live_task(self, task_id) is None:
+                return False  # Its run here has ended: its end is on its way to the stream.
+        return True
+
+    async def _shut_down(self) -> None:
         lifecycle = self._lifecycle
         settings = lifecycle.settings
         margin = settings.timing.margin
@@ -244,6 +280,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # Each cancel answers within its grace period and the margins of its recording.
             await wait_done(cancels, deadline_in(settings.cancel_grace_period + 2 * margin))
             drain_by = max(drain_by, deadline_in(margin))
+        # Before the runs' queues close: the class's, named, as self may be of the SDK's class.
+        await self._open.until(functools.partial(DefaultRequestHandler._ends_delivered, self), drain_by)
         closing = in_background(_sdk_close(self) if _sdk_close is not None else _sdk.close_runs(self, margin))
         drains = [lifecycle.drain(drain_by)]
         if self._pushes is not None:
@@ -260,6 +298,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_required_fields(params)
         if self._closing:
             raise _shutting_down()
+        if not self._exit_watched:
+            DefaultRequestHandler._watch_exit_signal(self)
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
@@ -314,6 +354,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_streaming(self)
         if self._closing:
             raise _shutting_down()
+        if not self._exit_watched:
+            DefaultRequestHandler._watch_exit_signal(self)
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
@@ -328,6 +370,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
+        self._open.sender_opened()
         try:
             async for event in events:
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
@@ -367,6 +410,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             _raise_for(params.message.task_id, error)
         finally:
+            self._open.sender_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
             if follow_up:
@@ -400,10 +444,14 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             and await _sdk.live_task(self, task.id) is None
         ):
             events = self._remote.follow(task, context)
+            here = False  # Its run is elsewhere: this replica's shutdown does not end it.
         else:
             events = _sdk_subscribe(self, params, context)
+            here = True
         watchers = self._lifecycle.watchers
         observer = None if watchers is None else watchers.open(task.id)
+        if here:
+            self._open.subscriber_opened(task.id)
         try:
             ended = False
             async for event in _until_terminal(events):
@@ -420,6 +468,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             _raise_for(params.id, error)
         finally:
+            if here:
+                self._open.subscriber_closed(task.id)
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
@@ -486,6 +536,54 @@ async def _drain(events: AsyncGenerator[Any, None]) -> None:
         logger.debug("a stream raised after its terminal event", exc_info=True)
     finally:
         await events.aclose()
+
+
+class _OpenStreams:
+    """The streams open here of runs here, senders' and subscribers', that a shutdown waits for."""
+
+    __slots__ = ("_changed", "_subscribers", "senders")
+
+    def __init__(self) -> None:
+        self.senders = 0
+        self._subscribers: dict[str, int] = {}
+        self._changed: Once | None = None  # Given as a stream closes, while a shutdown waits.
+
+    def sender_opened(self) -> None:
+        self.senders += 1
+
+    def sender_closed(self) -> None:
+        self.senders -= 1
+        if self._changed is not None:  # Inline: one call fewer on every stream.
+            self._changed.give()
+
+    def subscriber_opened(self, task_id: str) -> None:
+        self._subscribers[task_id] = self._subscribers.get(task_id, 0) + 1
+
+    def subscriber_closed(self, task_id: str) -> None:
+        left = self._subscribers.pop(task_id) - 1
+        if left:
+            self._subscribers[task_id] = left
+        if self._changed is not None:
+            self._changed.give()
+
+    def subscribed(self) -> list[str]:
+        """The tasks with a subscriber's stream open."""
+        return list(self._subscribers)
+
+    async def until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> bool:
+        """Wait until ``done()``, asked again as each stream closes, or until ``deadline``;
+        whether it is done."""
+        while True:
+            changed = self._changed = Once()  # Before asking: a close meanwhile is not missed.
+            if await done():
+                return True
+            if not await changed.wait(deadline):
+                return False
+
+
+def _shutdown_bound(settings: Settings) -> float:
+    """Seconds within which ``aclose()`` returns: the drain, a cancel's grace, the margins."""
+    return settings.shutdown_drain_time + settings.cancel_grace_period + 3.0
 
 
 def _task_id_of(event: Any) -> str:

@@ -55,7 +55,9 @@ handler = DefaultRequestHandler(Summariser(), InMemoryTaskStore(), card, cancel_
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     yield
-    await handler.aclose()  # Lets the runs finish, cancels what is left, sends queued pushes.
+    # Lets the runs finish, cancels what is left, sends queued pushes; under uvicorn, this
+    # began at SIGTERM, so that every open stream ended on its task's end: it waits for that.
+    await handler.aclose()
 
 
 app = Starlette(

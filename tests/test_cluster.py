@@ -646,3 +646,23 @@ async def test_a_task_parked_on_a_and_canceled_on_b_ends_canceled_on_a(database:
     assert await stored(a, task_id) == "CANCELED"
     for server in (a, b):
         await within(server.handler.aclose())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_subscriber_to_a_task_run_elsewhere_does_not_hold_the_shutdown(
+    database: Database, kind: str
+) -> None:
+    """B serves a subscriber of A's running task from the journal: B's ``aclose()`` returns at
+    once, stock or ours, though ours would let a run of its own finish for 30 s; the
+    subscriber goes on to A's COMPLETED."""
+    a = await replica(database, kind, ScriptedExecutor())
+    b = await replica(database, kind, ScriptedExecutor(), shutdown_drain_time=30.0)
+    await start(a)
+    task_id = a.executor.task_id or ""
+    subscriber = Stream(b.calls.subscribe(task_id, "alice"))
+    await subscriber.until(lambda: bool(subscriber.events))
+    await within(b.handler.aclose())
+    a.executor.step.open()
+    assert await subscriber.ended(SAVE_BOUND) and subscriber.last == "COMPLETED"
+    await within(a.handler.aclose())

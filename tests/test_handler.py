@@ -433,7 +433,8 @@ async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind:
     ``aclose()``.)
     """
     store = CompletionHeld(InMemoryTaskStore())
-    server = make_server(kind, ScriptedExecutor(), store=store)
+    # Ours' aclose() lets the stream wait for COMPLETED as long as it lets the runs finish.
+    server = make_server(kind, ScriptedExecutor(), store=store, shutdown_drain_time=0.5)
     await start(server)
     server.executor.step.open()
     await within(store.gate.reached.wait())

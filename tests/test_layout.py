@@ -164,7 +164,7 @@ def test_python_dash_m_runs_the_command() -> None:
 
 # Every attribute the package assigns on an object other than ``self`` or ``cls``, by module:
 # each on an object its own module defines or builds (and, in _patching.py, the SDK's class,
-# which is what patch() is for). A new one fails here, so that an object is given what it
+# which is what patch() is for; in _exit_signal.py, sse-starlette's switch that ends streams). A new one fails here, so that an object is given what it
 # needs when it is built, not configured from another module afterwards.
 ASSIGNED_ELSEWHERE = {
     ("_sdk.py", "canceled.status.state"),  # a Task it has just copied
@@ -181,6 +181,7 @@ ASSIGNED_ELSEWHERE = {
     ("testing/sweep.py", "row.expected"),
     ("testing/_origins.py", "row.answer"),
     ("_unwatched.py", "sender.task_id"),  # Observer
+    ("_exit_signal.py", "self._status.should_exit"),  # sse-starlette's AppStatus, as its docs say
 }
 
 

@@ -44,7 +44,7 @@ from a2a_cancelfix.testing import (
 )
 from a2a_cancelfix.testing.servers import GRACE, Calls
 
-from .support import logged
+from .support import CompletionHeld, logged
 
 # aclose()'s bound in these tests (``shutdown_drain_time``), and what a busy loop may add to it.
 DRAIN = 0.5
@@ -318,6 +318,31 @@ async def test_a_run_that_finishes_within_the_drain_time_completes(kind: str) ->
     assert state == "COMPLETED" and stream.last == "COMPLETED"
     assert not server.executor.cancel_called.is_set()
     assert took < DRAIN
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_the_last_run_to_finish_shows_completed_on_its_stream(kind: str) -> None:
+    """The one run going has finished, the store still saving its COMPLETED, as the shutdown
+    begins: ours closes the runs only once the stream has shown it, and the store holds it.
+    Stock's ``aclose()`` (1.1.2+) closes the run at once: the save is cut, the stream ends
+    without COMPLETED, and the store keeps WORKING."""
+    store = CompletionHeld(FinalStateTaskStore(InMemoryTaskStore()))
+    server = running(kind, store=store)
+    stream = await start(server)
+    task_id = server.executor.task_id or ""
+    server.executor.step.open()
+    await within(store.gate.reached.wait())  # execute() has returned; COMPLETED is being saved.
+    closing = asyncio.ensure_future(closed(server))
+    await wait_all_tasks_blocked()  # aclose() goes as far as it goes while the save waits.
+    store.gate.open()
+    await within(closing, BOUND_OF_ACLOSE)
+    assert await stream.ended()
+    state = await within(stored(server, task_id))
+    if kind == "stock" and getattr(server.handler, "aclose", None) is not None:
+        assert stream.last == "WORKING" and state == "WORKING"
+        return
+    assert stream.last == "COMPLETED" and state == "COMPLETED"
 
 
 @pytest.mark.asyncio
