@@ -9,7 +9,8 @@ start-up and warm-up left out.
 A count still depends on the process's memory layout. CPython's method cache is one table
 indexed by a type's version tag and a name's address, so which of a message's attribute lookups
 evict each other there depends on everything imported and allocated before the window: a few
-more modules in the process move ours/stock by more than the target's margin, either way. So:
+more modules in the process move ours/stock, either way, by as much as a change to the hot
+path is worth. So:
 
 * A worker holds the handlers it counts and what they need: the SDK, this package's runtime and
   `QuickExecutor`, built as a user builds them, not the testing kit (whose modules would move
@@ -20,7 +21,7 @@ more modules in the process move ours/stock by more than the target's margin, ei
 * The workers load bytecode written before they start, rather than compiling the SDK under
   callgrind each time (``PYTHONDONTWRITEBYTECODE``, which some images set, would make them).
 
-Needs valgrind (Debian's package); about 5 minutes on 2 cores, two workers at a time.
+Needs valgrind (Debian's package); about 2 minutes on 2 idle cores, two workers at a time.
 """
 
 from __future__ import annotations
