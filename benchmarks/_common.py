@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -19,7 +19,9 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import SendMessageRequest, TaskState
 
 from a2a_cancelfix._sdk import SDK_VERSION
-from a2a_cancelfix.testing import Server, Stream, message, within
+
+if TYPE_CHECKING:
+    from a2a_cancelfix.testing import Server, Stream
 
 logging.basicConfig(level=logging.CRITICAL)
 # The suite's helpers some benchmarks share (tests/fleet.py): the repository root is importable.
@@ -45,6 +47,9 @@ async def started(server: Server) -> Stream:
     mid-step and the sender's stream has shown WORKING, which the SDK streams once it has
     saved it. (The kit's ear on the store, which `start` waits on, would be counted for one
     handler and not the other: a wrapper around stock's store, a callback of ours' guard.)"""
+    # Imported here: hot_path_instructions.py's workers hold the handlers they count, not the kit.
+    from a2a_cancelfix.testing import Stream, message, within
+
     stream = Stream(server.calls.send_stream(SendMessageRequest(message=message()), "alice"))
     await within(server.executor.step.reached.wait())
     await stream.until(lambda: stream.last == "WORKING")
