@@ -79,7 +79,8 @@ class Leases:
         self.pushes, self.noticed = pushes, noticed
         self.replica_id = _new_id()
         self.fenced = False  # No renewal for half a lease: the runs here are being stopped.
-        self.tables = _tables()
+        self.tables = _Tables()
+        self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
         self._registered: asyncio.Future[None] | None = None
@@ -126,9 +127,12 @@ class Leases:
         if self.fenced:
             in_background(self.lifecycle.lease_lost(task_id, context.context_id or ""))
 
-    def run_ended(self, task_id: str) -> None:
-        """A run's ``execute()`` has returned: its lease row goes, in the background."""
-        if self._runs.pop(task_id, None) is not None and not self._closed:
+    def run_ended(self, task_id: str, *, keep_lease: bool = False) -> None:
+        """A run's ``execute()`` has returned: its lease row goes, in the background; unless
+        ``keep_lease``, for a run whose end is still to be written (its row is left: should
+        this replica die before, the survivors end the task; else the row is moot, an end
+        needs a running task, and goes with this replica's other rows)."""
+        if self._runs.pop(task_id, None) is not None and not self._closed and not keep_lease:
             in_background(self._forget_run(task_id))
 
     async def aclose(self, deadline: float) -> None:
@@ -174,7 +178,7 @@ class Leases:
     async def _ready(self) -> None:
         """Our tables, created once. Not the store's own: its first save makes them, and two
         creations at once collide (PostgreSQL)."""
-        if self.tables.ready:
+        if self._tables_ready:
             return
         metadata = self.tables.metadata
         try:
@@ -184,7 +188,7 @@ class Leases:
             # Another replica created them at the same time (PostgreSQL): they are there now.
             async with self.store.engine.begin() as connection:
                 await connection.run_sync(metadata.create_all, checkfirst=True)
-        self.tables.ready = True
+        self._tables_ready = True
 
     async def _insert_self(self, connection: Any) -> None:
         import sqlalchemy as sa
@@ -375,6 +379,8 @@ class Leases:
                 replica_id,
             )
         finally:
+            if outcome != "FAILED":
+                logger.debug("task %s of lapsed replica %s: %s", task_id, replica_id, outcome)
             _telemetry.lease_lapsed(span, outcome)
             _telemetry.end(span)
 
@@ -506,8 +512,3 @@ class _Tables:
             sa.Column("replica_id", sa.String(64), nullable=False, index=True),
             sa.Column("owner", sa.String(255), nullable=False),
         )
-        self.ready = False
-
-
-def _tables() -> _Tables:
-    return _Tables()

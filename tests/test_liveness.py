@@ -21,16 +21,29 @@ from typing import Any, TypeVar
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
+import wrapt
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import SendMessageRequest, Task, TaskPushNotificationConfig, TaskState
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from a2a_cancelfix import FinalStateTaskStore
 from a2a_cancelfix._cancel.settings import Timing
-from a2a_cancelfix._liveness import LAPSED
-from a2a_cancelfix.testing import ScriptedExecutor, Server, Stream, caller, make_server, message
+from a2a_cancelfix._liveness import LAPSED, REPLICAS, RUNS
+from a2a_cancelfix.testing import (
+    Gate,
+    ScriptedExecutor,
+    Server,
+    Stream,
+    caller,
+    make_server,
+    message,
+    start,
+    within,
+)
 
+from .support import set_within
 from .test_store import DATABASES, Database, open_database
 
 T = TypeVar("T")
@@ -276,3 +289,255 @@ async def test_a_dead_replicas_running_task_is_ended_failed_by_a_survivor(
         await survivor.push.posted(PUSH_URL, "FAILED")
         assert len(lapsed_ends(caplog)) == 1
         await survivor.handler.aclose()
+
+
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_two_survivors_end_a_dead_replicas_task_once(
+    database: Database, reader: Reader, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B and C both take A for dead: one of them writes FAILED and pushes it, the other leaves
+    it (its delete of the run's lease row takes nothing). Stock: neither ends it."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    survivors = [replica(kind, database.engine()), replica(kind, database.engine())]
+    async with elsewhere(database) as place:
+        runner = await build_elsewhere(place, kind, ScriptedExecutor())
+        task_id = await run_elsewhere(place, runner)
+        assert await reader.reaches(task_id, WORKING)
+        for survivor in survivors:
+            await watch(survivor, task_id)
+        await place.die()
+        if kind == "stock":
+            assert not await reader.reaches(task_id, FAILED, BOUND)
+            return
+        assert await reader.reaches(task_id, FAILED, BOUND)
+        # Both have looked: A's replica row and its run's row are gone.
+        assert await until(lambda: _no_rows(reader), BOUND)
+        for survivor in survivors:
+            await survivor.handler.aclose()
+    pushed = [state for survivor in survivors for state in survivor.push.received.get(PUSH_URL, [])]
+    assert pushed.count("FAILED") == 1, pushed
+    assert len(lapsed_ends(caplog)) == 1, lapsed_ends(caplog)
+
+
+async def _no_rows(reader: Reader) -> bool:
+    return not await reader.rows(RUNS) and len(await reader.rows(REPLICAS)) <= 2
+
+
+@pytest.mark.asyncio
+async def test_a_dead_replicas_parked_and_completed_tasks_stay_as_they_are(
+    database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dies with a task parked (INPUT_REQUIRED) and one COMPLETED whose lease rows it had not
+    removed yet, and one running: the survivor ends the running one only. (Stock ends none,
+    as for a running one.)"""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    survivor = replica("ours", database.engine())
+    async with elsewhere(database) as place:
+        parker = await build_elsewhere(place, "ours", ScriptedExecutor(park=True))
+        parked = await run_elsewhere(place, parker)
+        assert await reader.reaches(parked, INPUT_REQUIRED)
+        finisher = await build_elsewhere(place, "ours", ScriptedExecutor())
+        completed = await run_elsewhere(place, finisher)
+        assert await reader.reaches(completed, WORKING)
+        place.loop.call_soon_threadsafe(finisher.executor.step.open)
+        assert await reader.reaches(completed, COMPLETED)
+        runner = await build_elsewhere(place, "ours", ScriptedExecutor())
+        running = await run_elsewhere(place, runner)
+        assert await reader.reaches(running, WORKING)
+        # As if A had died before its background deletes of the ended runs' rows.
+        await _lease_rows_left(reader, parker, parked, finisher, completed)
+        await survivor.calls.get(running, "alice")  # The survivor's first request.
+        await place.die()
+        assert await reader.reaches(running, FAILED, BOUND)
+        assert await until(lambda: _gone(reader, parked, completed), BOUND)
+        assert await reader.state(parked) == INPUT_REQUIRED
+        assert await reader.state(completed) == COMPLETED
+        assert len(lapsed_ends(caplog)) == 1
+        await survivor.handler.aclose()
+
+
+async def _lease_rows_left(reader: Reader, *servers_and_tasks: Any) -> None:
+    pairs = list(zip(servers_and_tasks[::2], servers_and_tasks[1::2], strict=True))
+    async with reader.engine.begin() as connection:
+        for server, task_id in pairs:
+            leases = server.handler._lifecycle.leases
+            await connection.execute(
+                sa.text(
+                    f"INSERT INTO {RUNS} (store, task_id, replica_id, owner) VALUES ('tasks', :t, :r, :o)"
+                ),
+                {"t": task_id, "r": leases.replica_id, "o": "alice"},
+            )
+
+
+async def _gone(reader: Reader, *task_ids: str) -> bool:
+    return not any(row.task_id in task_ids for row in await reader.rows(RUNS))
+
+
+# --- A replica that cannot renew -----------------------------------------------------------------------
+
+
+class Cut:
+    """Every statement of ``engine``'s on the replicas' lease table fails while ``on``."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.on = False
+        event.listen(engine.sync_engine, "before_cursor_execute", self._check)
+
+    def _check(self, connection: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if self.on and REPLICAS in statement:
+            raise OSError("the connection to the lease table is cut")
+
+
+class HeldCanceled(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A guarded store whose saves of CANCELED wait at ``gate``."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self._self_gate = Gate()
+
+    @property
+    def gate(self) -> Gate:
+        return self._self_gate
+
+    async def save(self, task: Task, *args: Any, **kwargs: Any) -> Any:
+        if task.status.state == CANCELED:
+            await self._self_gate()
+        return await self.__wrapped__.save(task, *args, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_replica_that_cannot_renew_cancels_its_runs_before_anyone_takes_them_for_dead(
+    database: Database, reader: Reader, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's renewals fail. Ours: within half a lease A cancels its run through the lifecycle
+    (``cancel()`` called, the work stopped, CANCELED stored with its own message); B then takes
+    A for dead and finds nothing running to end. Stock: A's run goes on, nothing notices."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    engine = database.engine()
+    cut = Cut(engine)
+    runner = replica(kind, engine)
+    survivor = replica(kind, database.engine())
+    stream = await start(runner)
+    task_id = runner.executor.task_id or ""
+    await survivor.calls.get(task_id, "alice")
+    assert await reader.reaches(task_id, WORKING)
+    cut.on = True
+    cut_at = time.monotonic()
+    if kind == "stock":
+        assert not await set_within(runner.executor.cancel_called, LEASE + LEASE / 6)
+        assert await reader.state(task_id) == WORKING
+        runner.executor.step.open()
+        assert await stream.ended()
+        return
+    assert await set_within(runner.executor.cancel_called, LEASE / 2 + LEASE / 6 + 1.0)
+    assert await within(runner.executor.stopped.wait(), GRACE + 1.0)
+    assert time.monotonic() - cut_at < LEASE  # Before anyone can take A for dead.
+    assert await reader.reaches(task_id, CANCELED)
+    assert status_text(await reader.task(task_id)) == "Canceled: this server lost contact with its task store"
+    assert await stream.ended() and stream.last == "CANCELED"
+    # B takes A for dead (A's replica row goes), and ends nothing: the task had ended.
+    assert await until(lambda: _replicas_left(reader, 1), BOUND)
+    assert await reader.state(task_id) == CANCELED
+    assert lapsed_ends(caplog) == []
+    assert any("path=lease_lost" in record.getMessage() for record in caplog.records)
+    cut.on = False
+    for server in (runner, survivor):
+        await server.handler.aclose()
+
+
+async def _replicas_left(reader: Reader, count: int) -> bool:
+    return len(await reader.rows(REPLICAS)) == count
+
+
+@pytest.mark.asyncio
+async def test_a_late_canceled_of_a_replica_taken_for_dead_is_refused_over_the_failed_stored(
+    database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's renewals fail and its CANCELED cannot be written (held) until B has ended the task
+    FAILED: A's CANCELED then meets the final-state guard, and the task stays FAILED."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    engine = database.engine()
+    cut = Cut(engine)
+    store = HeldCanceled(FinalStateTaskStore(DatabaseTaskStore(engine)))
+    runner = make_server("ours", ScriptedExecutor(), store=store, **OURS)
+    survivor = replica("ours", database.engine())
+    stream = await start(runner)
+    task_id = runner.executor.task_id or ""
+    await survivor.calls.get(task_id, "alice")
+    cut.on = True
+    assert await set_within(runner.executor.cancel_called, LEASE)
+    await within(store.gate.reached.wait(), LEASE)
+    assert await reader.reaches(task_id, FAILED, BOUND)
+    store.gate.open()
+    assert await until(lambda: any("refused save task=" in r.getMessage() for r in caplog.records), BOUND)
+    assert await reader.state(task_id) == FAILED
+    assert len(lapsed_ends(caplog)) == 1
+    assert await stream.ended()
+    cut.on = False
+    for server in (runner, survivor):
+        await server.handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_renewal_that_hangs_is_a_renewal_that_failed(reader: Reader, database: Database) -> None:
+    """A's renewal waits for its replica row, which another transaction holds locked: the fence's
+    own timer, not the renewal's, cancels A's run within half a lease."""
+    if "postgresql" not in database.url:
+        pytest.skip("a row lock that holds one statement while the others go on: PostgreSQL's")
+    runner = replica("ours", database.engine())
+    stream = await start(runner)
+    task_id = runner.executor.task_id or ""
+    leases = runner.handler._lifecycle.leases
+    assert await until(lambda: _replicas_left(reader, 1))
+    async with reader.engine.connect() as holder, holder.begin():
+        await holder.execute(
+            sa.text(f"SELECT * FROM {REPLICAS} WHERE replica_id = :r FOR UPDATE"), {"r": leases.replica_id}
+        )
+        held_at = time.monotonic()
+        assert await set_within(runner.executor.cancel_called, LEASE)
+        assert time.monotonic() - held_at < LEASE / 2 + LEASE / 6 + 0.5
+        assert await stream.ended() and stream.last == "CANCELED"
+    assert await reader.state(task_id) == CANCELED
+    await runner.handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_replica_taken_for_dead_that_comes_back_leases_its_new_runs_again(
+    database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cannot renew for over a lease: B takes it for dead and removes its row. Once A can renew
+    again, it registers anew: a run it starts then is leased, and B leaves it running."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    engine = database.engine()
+    cut = Cut(engine)
+    runner = replica("ours", engine)
+    survivor = replica("ours", database.engine())
+    first = await start(runner)
+    await survivor.calls.get(runner.executor.task_id or "", "alice")
+    leases = runner.handler._lifecycle.leases
+    dead_id = leases.replica_id
+    cut.on = True
+    assert await first.ended() and first.last == "CANCELED"
+    assert await until(lambda: _replica_gone(reader, dead_id), BOUND)  # B took A for dead.
+    cut.on = False
+    assert await until(lambda: leases.replica_id != dead_id and not leases.fenced, BOUND)
+    second = Stream(runner.calls.send_stream(SendMessageRequest(message=message("again")), "alice"))
+    await second.until(lambda: second.last == "WORKING")
+    task_id = second.events[0].id
+    assert await until(lambda: _leased_by(reader, task_id, leases.replica_id))
+    assert not await reader.reaches(task_id, FAILED, LEASE + LEASE / 3)
+    assert await reader.state(task_id) == WORKING
+    runner.executor.step.open()
+    assert await second.ended() and second.last == "COMPLETED"
+    for server in (runner, survivor):
+        await server.handler.aclose()
+
+
+async def _replica_gone(reader: Reader, replica_id: str) -> bool:
+    return all(row.replica_id != replica_id for row in await reader.rows(REPLICAS))
+
+
+async def _leased_by(reader: Reader, task_id: str, replica_id: str) -> bool:
+    return any(row.task_id == task_id and row.replica_id == replica_id for row in await reader.rows(RUNS))
