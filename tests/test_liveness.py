@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -22,13 +23,21 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 import wrapt
-from a2a.server.tasks import DatabaseTaskStore
-from a2a.types import SendMessageRequest, Task, TaskPushNotificationConfig, TaskState
+from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    SendMessageRequest,
+    Task,
+    TaskPushNotificationConfig,
+    TaskState,
+    TaskStatus,
+)
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from a2a_cancelfix import FinalStateTaskStore
+from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore
 from a2a_cancelfix._cancel.settings import Timing
 from a2a_cancelfix._liveness import LAPSED, REPLICAS, RUNS
 from a2a_cancelfix.testing import (
@@ -61,6 +70,9 @@ OURS = {"cancel_grace_period": GRACE, "lease_time": LEASE, "timing": Timing(marg
 BOUND = LEASE + LEASE / 6 + 2.0
 POLL = 0.02  # Between two reads of the shared database, which no event of this loop announces.
 PUSH_URL = "http://push.invalid/liveness"
+CARD = AgentCard(
+    name="leases", description="leases", version="1", capabilities=AgentCapabilities(streaming=True)
+)
 
 WORKING = TaskState.TASK_STATE_WORKING
 FAILED = TaskState.TASK_STATE_FAILED
@@ -541,3 +553,144 @@ async def _replica_gone(reader: Reader, replica_id: str) -> bool:
 
 async def _leased_by(reader: Reader, task_id: str, replica_id: str) -> bool:
     return any(row.task_id == task_id and row.replica_id == replica_id for row in await reader.rows(RUNS))
+
+
+# --- Shutdown, restart, off ----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_aclose_removes_the_replicas_lease_rows_and_leaves_the_survivors_nothing(
+    database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shuts down with a run going: its shutdown cancels the run (CANCELED), then removes its
+    run's lease row and its own; B, which saw A's lease, has nothing to end."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    runner = replica("ours", database.engine(), shutdown_drain_time=0.1)
+    survivor = replica("ours", database.engine())
+    stream = await start(runner)
+    task_id = runner.executor.task_id or ""
+    leases = runner.handler._lifecycle.leases
+    await survivor.calls.get(task_id, "alice")
+    assert await until(lambda: _leased_by(reader, task_id, leases.replica_id))
+    assert await until(lambda: _replicas_left(reader, 2))
+    await within(runner.handler.aclose(), 5.0)
+    assert await stream.ended() and stream.last == "CANCELED"
+    assert await reader.rows(RUNS) == []
+    assert [row.replica_id for row in await reader.rows(REPLICAS)] == [
+        survivor.handler._lifecycle.leases.replica_id
+    ]
+    assert not await until(lambda: lapsed_ends(caplog), LEASE + LEASE / 3)
+    await survivor.handler.aclose()
+    assert await reader.rows(REPLICAS) == []
+
+
+async def _saved(reader: Reader, state: int) -> str:
+    """A task of a previous process, saved as it left it, with no lease (a stock server's, say)."""
+    task_id = uuid.uuid4().hex
+    await reader.store.save(
+        Task(id=task_id, context_id="ctx", status=TaskStatus(state=state)), caller("alice")
+    )
+    return task_id
+
+
+@pytest.mark.parametrize("kind", ["stock", "ours", "ours, sole_replica"])
+@pytest.mark.asyncio
+async def test_a_restarted_sole_server_ends_what_its_previous_process_left_running(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """The previous process died with a leased run going, and left tasks WORKING and SUBMITTED
+    with no lease, one parked and one COMPLETED. Restarted with ``sole_replica``, its first
+    request ends the running ones FAILED at once; the parked and completed ones stay. Without
+    it, the leased one is ended one lease after the first request, the others stay. Stock:
+    everything stays."""
+    async with elsewhere(database) as place:
+        previous = await build_elsewhere(place, "ours", ScriptedExecutor())
+        leased = await run_elsewhere(place, previous)
+        assert await reader.reaches(leased, WORKING)
+        await place.die()
+    working, submitted = await _saved(reader, WORKING), await _saved(reader, TaskState.TASK_STATE_SUBMITTED)
+    parked, completed = await _saved(reader, INPUT_REQUIRED), await _saved(reader, COMPLETED)
+    restarted = replica(kind.partition(",")[0], database.engine(), sole_replica=kind.endswith("sole_replica"))
+    await restarted.calls.get(parked, "alice")  # Its first request.
+    started = time.monotonic()
+    if kind == "stock":
+        assert not await reader.reaches(leased, FAILED, BOUND)
+        ended: set[str] = set()
+    elif kind == "ours":
+        assert await reader.reaches(leased, FAILED, BOUND)
+        assert time.monotonic() - started >= LEASE * 0.9  # The first sighting starts the clock.
+        ended = {leased}
+    else:
+        ended = {leased, working, submitted}  # Already: the first request waited for them.
+    for task_id, state in [
+        (leased, WORKING),
+        (working, WORKING),
+        (submitted, TaskState.TASK_STATE_SUBMITTED),
+        (parked, INPUT_REQUIRED),
+        (completed, COMPLETED),
+    ]:
+        assert await reader.state(task_id) == (FAILED if task_id in ended else state)
+    if kind != "stock":
+        assert status_text(await reader.task(leased)) == LAPSED
+        await restarted.handler.aclose()
+
+
+@pytest.mark.parametrize("store", ["database, lease_time=None", "in memory"])
+@pytest.mark.asyncio
+async def test_without_leases_nothing_is_leased_nor_runs_behind(store: str, tmp_path: Path) -> None:
+    """``lease_time=None`` over a database, or any in-memory store: no lease tables, no
+    background work; a run is served as without leases."""
+    async with open_database("sqlite", tmp_path) as database:
+        if store == "in memory":
+            server = make_server("ours", ScriptedExecutor(), **OURS)
+        else:
+            server = replica("ours", database.engine(), lease_time=None)
+        assert server.handler._lifecycle.leases is None
+        before = asyncio.all_tasks()
+        stream = await start(server)
+        server.executor.step.open()
+        assert await stream.ended() and stream.last == "COMPLETED"
+        behind = [task for task in asyncio.all_tasks() - before if not task.done()]
+        assert not [task for task in behind if "_liveness" in repr(task.get_coro())], behind
+        reader = Reader(database)
+        assert await reader.rows(REPLICAS) == [] and await reader.rows(RUNS) == []
+        async with reader.engine.connect() as connection:
+            tables = await connection.run_sync(lambda sync: sa.inspect(sync).get_table_names())
+        assert REPLICAS not in tables and RUNS not in tables
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"lease_time": 10.0, "cancel_grace_period": 5.0}, ValueError, ("lease_time", "cancel_grace_period")),
+        ({"lease_time": 0}, ValueError, ("lease_time",)),
+        ({"lease_time": math.inf}, ValueError, ("lease_time",)),
+        ({"lease_time": math.nan}, ValueError, ("lease_time",)),
+        ({"lease_time": "30"}, TypeError, ("lease_time",)),
+        ({"lease_time": True}, TypeError, ("lease_time",)),
+        ({"sole_replica": 1}, TypeError, ("sole_replica",)),
+    ],
+    ids=["shorter than the grace needs", "zero", "infinite", "nan", "a string", "a bool", "sole_replica"],
+)
+def test_a_lease_outside_its_documented_values_is_refused(
+    options: dict[str, Any], error: type[Exception], named: tuple[str, ...]
+) -> None:
+    """Refused at construction, naming the option (and the grace period it must hold)."""
+    with pytest.raises(error) as raised:
+        DefaultRequestHandler(ScriptedExecutor(), InMemoryTaskStore(), CARD, **options)
+    for name in named:
+        assert name in str(raised.value)
+
+
+def test_the_default_lease_is_long_enough_for_the_grace_period() -> None:
+    """30 s by default; with a grace period that needs more, the least lease that holds a cancel
+    in its first half; given, it is kept."""
+
+    def lease(**options: Any) -> float | None:
+        handler = DefaultRequestHandler(ScriptedExecutor(), InMemoryTaskStore(), CARD, **options)
+        return handler._lifecycle.settings.lease_time
+
+    assert lease() == 30.0
+    assert lease(cancel_grace_period=20.0) == 2 * (20.0 + 3 * Timing().margin)
+    assert lease(cancel_grace_period=20.0, lease_time=60.0) == 60.0
+    assert lease(lease_time=None) is None
