@@ -147,20 +147,19 @@ class Leases:
             return
         for pending in [self._registered, self._attempt, self._ending, *self._writes]:
             await wait_done(pending, deadline)
-        try:
-            await asyncio.wait_for(
-                self._remove_self(), max(deadline - asyncio.get_running_loop().time(), 0.0)
-            )
-        except Exception:
+        # Not cut at the deadline: a statement cut midway can leave its connection stuck.
+        if not await wait_done(in_background(self._remove_self()), deadline):
             logger.warning(
-                "could not remove this replica's lease rows at shutdown; the other replicas "
-                "take it for dead after lease_time",
-                exc_info=True,
+                "replica %s: its lease rows were not removed by the end of shutdown_drain_time; "
+                "the other replicas take it for dead after lease_time",
+                self.replica_id,
             )
 
     # Registration and renewal.
 
     async def _register(self) -> None:
+        if self._closed:
+            return  # A request after the shutdown: nothing to lease.
         sent = asyncio.get_running_loop().time()
         try:
             await self._ready()
@@ -468,6 +467,17 @@ class Leases:
     async def _remove_self(self) -> None:
         """Remove this replica's rows; but where a run here has not returned, leave them: the
         survivors end its task once the lease, no longer renewed, lapses."""
+        try:
+            await self._remove_rows()
+        except Exception:
+            logger.warning(
+                "replica %s: could not remove its lease rows at shutdown; the other replicas "
+                "take it for dead after lease_time",
+                self.replica_id,
+                exc_info=True,
+            )
+
+    async def _remove_rows(self) -> None:
         import sqlalchemy as sa
 
         runs, replicas = self.tables.runs, self.tables.replicas
