@@ -741,3 +741,25 @@ async def test_in_cluster_mode_a_dead_replicas_task_ends_failed_in_the_journal_t
             journaled = [version for (version,) in versions]
         assert journaled == sorted(journaled) and len(set(journaled)) == len(journaled)
         await survivor.handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_starts_while_its_replica_cannot_renew_is_cancelled_at_once(
+    database: Database, reader: Reader
+) -> None:
+    """A has not renewed for half a lease: a run it starts then is not left to run unprotected,
+    it is cancelled as the others were (``cancel()`` called, CANCELED)."""
+    engine = database.engine()
+    cut = Cut(engine)
+    runner = replica("ours", engine)
+    first = await start(runner)
+    leases = runner.handler._lifecycle.leases
+    cut.on = True
+    assert await first.ended() and first.last == "CANCELED"
+    assert leases.fenced
+    runner.executor.cancel_called.clear()
+    second = Stream(runner.calls.send_stream(SendMessageRequest(message=message("again")), "alice"))
+    assert await set_within(runner.executor.cancel_called, GRACE + 1.0)
+    assert await second.ended() and second.last == "CANCELED", second.events
+    cut.on = False
+    await runner.handler.aclose()
