@@ -304,6 +304,7 @@ async def test_a_dead_replicas_running_task_is_ended_failed_by_a_survivor(
         await survivor.handler.aclose()
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.parametrize("kind", ["stock", "ours"])
 @pytest.mark.asyncio
 async def test_two_survivors_end_a_dead_replicas_task_once(
@@ -337,6 +338,7 @@ async def _no_rows(reader: Reader) -> bool:
     return not await reader.rows(RUNS) and len(await reader.rows(REPLICAS)) <= 2
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_a_dead_replicas_parked_and_completed_tasks_stay_as_they_are(
     database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
@@ -419,6 +421,7 @@ class HeldCanceled(wrapt.ObjectProxy):  # type: ignore[misc]
         return await self.__wrapped__.save(task, *args, **kwargs)
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.parametrize("kind", ["stock", "ours"])
 @pytest.mark.asyncio
 async def test_a_replica_that_cannot_renew_cancels_its_runs_before_anyone_takes_them_for_dead(
@@ -464,6 +467,7 @@ async def _replicas_left(reader: Reader, count: int) -> bool:
     return len(await reader.rows(REPLICAS)) == count
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_a_late_canceled_of_a_replica_taken_for_dead_is_refused_over_the_failed_stored(
     database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
@@ -493,6 +497,7 @@ async def test_a_late_canceled_of_a_replica_taken_for_dead_is_refused_over_the_f
         await server.handler.aclose()
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_a_renewal_that_hangs_is_a_renewal_that_failed(reader: Reader, database: Database) -> None:
     """A's renewal waits for its replica row, which another transaction holds locked: the fence's
@@ -516,6 +521,7 @@ async def test_a_renewal_that_hangs_is_a_renewal_that_failed(reader: Reader, dat
     await runner.handler.aclose()
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_a_replica_taken_for_dead_that_comes_back_leases_its_new_runs_again(
     database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
@@ -559,6 +565,7 @@ async def _leased_by(reader: Reader, task_id: str, replica_id: str) -> bool:
 # --- Shutdown, restart, off ----------------------------------------------------------------------------
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_aclose_removes_the_replicas_lease_rows_and_leaves_the_survivors_nothing(
     database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
@@ -596,6 +603,7 @@ async def _saved(reader: Reader, state: int) -> str:
     return task_id
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.parametrize("kind", ["stock", "ours", "ours, sole_replica"])
 @pytest.mark.asyncio
 async def test_a_restarted_sole_server_ends_what_its_previous_process_left_running(
@@ -743,6 +751,7 @@ async def test_in_cluster_mode_a_dead_replicas_task_ends_failed_in_the_journal_t
         await survivor.handler.aclose()
 
 
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
 async def test_a_run_that_starts_while_its_replica_cannot_renew_is_cancelled_at_once(
     database: Database, reader: Reader
