@@ -118,9 +118,9 @@ class Leases:
         registered = self.begin()
         if not registered.done():
             await wait_done(registered, deadline_in(self.period))
-        owner = self.store.owner(context.call_context)
-        self._runs[task_id] = owner, context.context_id or ""
         try:
+            owner = self.store.owner(context.call_context)
+            self._runs[task_id] = owner, context.context_id or ""
             await self._write(self._insert_run(task_id, owner))
         except Exception:
             logger.warning("task %s: could not lease its run; it goes on unleased", task_id, exc_info=True)
