@@ -228,6 +228,7 @@ async def test_a_runner_cut_off_from_its_store_stops_its_runs_before_a_survivor_
 
 
 SOAK = float(os.environ.get("A2ACF_SOAK_SECONDS", 60))
+SENDERS = 3  # Clients sending at once: one waits out a frozen replica's answer, the others go on.
 
 
 @dataclass
@@ -241,6 +242,7 @@ class Chaos:
     slots: list[Replica | None] = field(default_factory=list)
     died: dict[int, float] = field(default_factory=dict)  # By pid: when its death was seen.
     actions: list[str] = field(default_factory=list)
+    thawing: list[asyncio.TimerHandle] = field(default_factory=list)
 
     def live(self) -> list[Replica]:
         return [replica for replica in self.slots if replica is not None]
@@ -253,13 +255,18 @@ class Chaos:
     async def act(self) -> None:
         index = self.rng.randrange(len(self.slots))
         replica, action = self.slots[index], self.rng.choice(["kill", "term", "freeze"])
-        self.actions.append(f"{action} r{index}")
-        if action == "freeze":
+        if action == "freeze" or replica is None:
+            if not self.proxies[index].flowing.is_set():
+                return
+            self.actions.append(f"freeze r{index}")
             self.proxies[index].freeze()
-            await asyncio.sleep(self.rng.uniform(1.0, 1.5 * LEASE))  # The cut's length is the chaos.
-            self.proxies[index].thaw()
+            # The cut's length is the chaos; other chaos goes on meanwhile.
+            thawing = asyncio.get_running_loop().call_later(
+                self.rng.uniform(1.0, 1.5 * LEASE), self.proxies[index].thaw
+            )
+            self.thawing.append(thawing)
             return
-        assert replica is not None
+        self.actions.append(f"{action} r{index}")
         self.slots[index] = None
         await (replica.kill() if action == "kill" else replica.terminate())
         assert replica.died_at is not None
@@ -268,9 +275,15 @@ class Chaos:
 
     async def run(self, seconds: float) -> None:
         stop_at = time.monotonic() + seconds
-        while time.monotonic() < stop_at:
-            await asyncio.sleep(self.rng.uniform(0.5, 2.0))  # Chaos at random moments.
-            await self.act()
+        try:
+            while time.monotonic() < stop_at:
+                await asyncio.sleep(self.rng.uniform(0.5, 2.0))  # Chaos at random moments.
+                await self.act()
+        finally:
+            for thawing in self.thawing:
+                thawing.cancel()
+            for proxy in self.proxies:
+                proxy.thaw()
 
 
 async def keep_sending(c: Client, chaos: Chaos, rng: random.Random, stop: asyncio.Event) -> int:
@@ -319,14 +332,13 @@ async def test_chaos_kills_stops_and_cuts_off_replicas_at_random(tmp_path: Path)
         stack.push_async_callback(lambda: asyncio.gather(*(replica.stop() for replica in chaos.live())))
         await asyncio.gather(*(chaos.start(index) for index in range(3)))
         stop = asyncio.Event()
-        sending = asyncio.ensure_future(keep_sending(c, chaos, random.Random(rng.random()), stop))
+        senders = [keep_sending(c, chaos, random.Random(rng.random()), stop) for _ in range(SENDERS)]
+        sending = asyncio.gather(*senders)
         try:
             await chaos.run(SOAK)
         finally:
             stop.set()
-            for proxy in proxies:
-                proxy.thaw()
-            sent = await asyncio.wait_for(sending, BOUND)
+            sent = sum(await asyncio.wait_for(sending, BOUND))
         print(f"{sent} tasks sent; chaos: {', '.join(chaos.actions)}")
         assert sent > 0 and chaos.actions
         pids = {replica.pid for replica in chaos.live()}
