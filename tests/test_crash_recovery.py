@@ -314,6 +314,7 @@ async def keep_sending(c: Client, chaos: Chaos, rng: random.Random, stop: asynci
 
 
 @pytest.mark.asyncio
+@pytest.mark.soak
 async def test_chaos_kills_stops_and_cuts_off_replicas_at_random(tmp_path: Path) -> None:
     """A minute of three replicas killed, stopped and restarted and cut off from PostgreSQL at
     random while a client starts and cancels tasks: afterwards no task is SUBMITTED or WORKING
