@@ -355,6 +355,17 @@ class Client:
         ends = [pushed for pushed in self.pushes(task_id) if pushed in TERMINAL]
         assert ends == [state], self.pushes(task_id)
 
+    async def states(self, replica: Replica, *task_ids: str) -> dict[str, str]:
+        """Each task's state as GetTask on ``replica`` answers it (its status code if not 200)."""
+        found = {}
+        for task_id in task_ids:
+            response = await asyncio.wait_for(
+                self.http.get(f"{replica.url}/rest/tasks/{task_id}", headers=HEADERS), WAIT
+            )
+            ok = response.status_code == 200
+            found[task_id] = _state(response.json()["status"]) if ok else str(response.status_code)
+        return found
+
     def subscribe(self, replica: Replica, task_id: str) -> Stream:
         return Stream(subscribe(self.http, replica.url, task_id))
 
