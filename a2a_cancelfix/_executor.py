@@ -95,6 +95,8 @@ class CancellableExecutor(_ExecutorProxy):
         probe, wrapped = lifecycle.probe, lifecycle.executor
         queue = RunQueue(event_queue, work)
         try:
+            if lifecycle.leases is not None:  # Leased before it starts: see _liveness.py.
+                await lifecycle.leases.run_started(task_id, context)
             body: Awaitable[None]
             if probe is None:
                 body = wrapped.execute(context, queue)

@@ -34,6 +34,7 @@ from a2a_cancelfix._aio import deadline_in, in_background, wait_done
 from a2a_cancelfix._cancel.settings import (
     DEFAULT_DRAIN_TIME,
     DEFAULT_GRACE_PERIOD,
+    DEFAULT_LEASE_TIME,
     DEFAULT_POLL_INTERVAL,
     Settings,
 )
@@ -99,6 +100,19 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         shutdown_drain_time: seconds that ``aclose()`` takes at most: it sends the pushes
             queued behind the runs and tries each pending CANCELED write once more meanwhile,
             and logs a WARNING naming each task whose pushes or write it could not finish.
+        lease_time: where the task store is a database one (a ``DatabaseTaskStore``, or a
+            ``VersionedDatabaseTaskStore``, guarded by `FinalStateTaskStore`), this handler
+            is a replica with a lease on its runs, renewed every ``lease_time / 6`` in two
+            tables of ours in that database, from its first request on. When another
+            replica's lease has not been renewed for its ``lease_time`` (its process died),
+            this one ends the tasks it was running FAILED, with a status message saying so,
+            once; a replica that cannot renew for ``lease_time / 2`` cancels its own runs
+            first. At least ``2 x (cancel_grace_period + 3)`` seconds (the default, 30, is
+            raised to that); ``None`` turns leases off. An in-memory store never leases.
+        sole_replica: this process is the only server of its task store: at its first request
+            it ends FAILED every task the store shows SUBMITTED or WORKING (a previous
+            process's, leased or not) but its own runs. Off by default: where replicas of
+            another kind share the store, nothing tells that their tasks are not running.
 
     Each handler has its cancels to itself: given a `CancellableExecutor`, it uses the
     executor inside it with its own options, whatever the proxy was built with.
@@ -119,6 +133,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         cancel_unwatched_after: float | None = None,
         cancel_unwatched_parked: bool = False,
         shutdown_drain_time: float = DEFAULT_DRAIN_TIME,
+        lease_time: float | None = DEFAULT_LEASE_TIME,
+        sole_replica: bool = False,
         **kwargs: Any,
     ) -> None:
         settings = Settings(
@@ -129,6 +145,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             cancel_unwatched_after=cancel_unwatched_after,
             cancel_unwatched_parked=cancel_unwatched_parked,
             shutdown_drain_time=shutdown_drain_time,
+            lease_time=lease_time,
+            sole_replica=sole_replica,
         )
         DefaultRequestHandler._set_up(
             self, settings, None, agent_executor, args, kwargs
@@ -179,7 +197,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         for warning in raised:
             warnings.warn(warning.message, warning.category, stacklevel=3)
         push_configs = arguments.arguments.get("push_config_store")
-        self._remote = self._lifecycle.bind(self, store, push_configs, peers)
+        self._remote = self._lifecycle.bind(self, store, push_configs, peers, self._pushes)
+        # Whether the leases (see lease_time) are still to begin: read by every request.
+        self._leases_due = self._lifecycle.leases is not None
         self.cancel_grace_period = settings.cancel_grace_period
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled
@@ -197,12 +217,16 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 task store failed, or has not recorded CANCELED within the bound (the write
                 goes on behind the answer).
         """
+        if self._leases_due:
+            await self._begin_leases()
         return await self._lifecycle.request(params.id, context)
 
     @_telemetry.traced_as_sdk
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         """Get a task, as the SDK does; its owner's read stops its unwatched clock (see
         ``cancel_unwatched_after``)."""
+        if self._leases_due:
+            await self._begin_leases()
         task = await _sdk_get(self, params, context)
         watchers = self._lifecycle.watchers
         if watchers is not None and task is not None:
@@ -219,6 +243,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         watchers = self._lifecycle.watchers
         if watchers is not None:
             watchers.touch(params.task_id)
+
+    async def _begin_leases(self) -> None:
+        """At the first requests: this replica's lease begins (see ``lease_time``)."""
+        leases = self._lifecycle.leases
+        if leases is not None:
+            await leases.begun()
+        self._leases_due = False
 
     async def aclose(self) -> None:
         """Shut down: end what this process runs, within ``shutdown_drain_time`` plus
@@ -251,6 +282,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         await asyncio.gather(*drains)
         if not await wait_done(closing, drain_by):
             logger.warning("the handler's runs were not all closed by the end of shutdown_drain_time")
+        if lifecycle.leases is not None:
+            await lifecycle.leases.aclose(max(drain_by, deadline_in(margin)))
 
     @_telemetry.traced_as_sdk
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
@@ -260,6 +293,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_required_fields(params)
         if self._closing:
             raise _shutting_down()
+        if self._leases_due:
+            await self._begin_leases()
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
@@ -314,6 +349,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_streaming(self)
         if self._closing:
             raise _shutting_down()
+        if self._leases_due:
+            await self._begin_leases()
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
@@ -387,6 +424,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         from the store until it ends, where the SDK would set up a run that never ends.
         """
         _sdk.check_streaming(self)
+        if self._leases_due:
+            await self._begin_leases()
         task = await self._lifecycle.read(params.id, context)
         if task is None:
             raise TaskNotFoundError

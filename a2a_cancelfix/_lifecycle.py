@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.agent_execution import RequestContext
-from a2a.types import InternalError, Task, TaskNotCancelableError, TaskNotFoundError
+from a2a.types import (
+    InternalError,
+    Task,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    TaskState,
+    TaskStatus,
+)
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk, _telemetry
@@ -28,16 +35,18 @@ from a2a_cancelfix._cancel.queues import CancelQueue
 from a2a_cancelfix._cancel.recording import CanceledWrites
 from a2a_cancelfix._cancel.settings import Settings, Timeline
 from a2a_cancelfix._cancel.work import Work
+from a2a_cancelfix._liveness import Leases
 from a2a_cancelfix._replicas import RemoteCancels
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix._unwatched import Watchers
+from a2a_cancelfix.store import LeaseStore
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor
     from a2a.server.context import ServerCallContext
     from a2a.server.events.event_queue import EventQueue
     from a2a.server.request_handlers import DefaultRequestHandlerV2
-    from a2a.server.tasks import PushNotificationConfigStore
+    from a2a.server.tasks import PushNotificationConfigStore, PushNotificationSender
 
     from a2a_cancelfix.checkpoints import Probe
     from a2a_cancelfix.notices import LocalNotices
@@ -60,7 +69,8 @@ class Lifecycle:
     - `noticed_in_run`: a run here whose look found its task cancelled by another replica;
     - `requested_by_sdk`: the stock handler calling the proxy's ``cancel()``;
     - `unwatched`: a task here that nobody watched for ``cancel_unwatched_after`` seconds;
-    - `shutdown`: a run still going when the handler's ``aclose()`` has let the runs finish.
+    - `shutdown`: a run still going when the handler's ``aclose()`` has let the runs finish;
+    - `lease_lost`: a run here while this replica cannot renew its lease (see _liveness.py).
 
     Args:
         executor: the wrapped executor, whose ``cancel()`` a cancel calls.
@@ -74,6 +84,7 @@ class Lifecycle:
     writes: CanceledWrites | None = None
     remote: RemoteCancels | None = None
     watchers: Watchers | None = None
+    leases: Leases | None = None
 
     def __init__(self, executor: AgentExecutor, settings: Settings, *, probe: Probe | None = None) -> None:
         self.executor = executor
@@ -95,6 +106,7 @@ class Lifecycle:
         store: Any,
         push_configs: PushNotificationConfigStore | None,
         peers: LocalNotices | None,
+        pushes: PushNotificationSender | None = None,
     ) -> RemoteCancels:
         """Serve our ``handler``, built: it drives every cancel, and the work runs in the SDK's
         own task. Returns its look-out for cancels recorded by other replicas.
@@ -105,6 +117,8 @@ class Lifecycle:
             push_configs: the handler's push config store (a task with a config is watched).
             peers: the notices of the handlers sharing the handler's ``InMemoryTaskStore``, if
                 it has one (see `RemoteCancels`).
+            pushes: the handler's push sender, if it has one (a task ended here for a replica
+                whose lease lapsed is pushed through it).
         """
         settings = self.settings
         self.handler = handler
@@ -114,6 +128,10 @@ class Lifecycle:
         after = settings.cancel_unwatched_after
         if after is not None:
             self.watchers = Watchers(self, after, settings.cancel_unwatched_parked, push_configs, remote)
+        lease_time = settings.lease_time
+        leased = None if lease_time is None else LeaseStore.of(store)
+        if lease_time is not None and leased is not None:
+            self.leases = Leases(self, leased, lease_time, settings.sole_replica, pushes, remote.noticed)
         return remote
 
     @property
@@ -254,6 +272,27 @@ class Lifecycle:
         finally:
             _telemetry.end(span)
 
+    async def lease_lost(self, task_id: str, context_id: str) -> None:
+        """Cancel the run here of ``task_id`` as a client's cancel would: this replica has not
+        renewed its lease for half of it, and another may soon take the task for dead.
+
+        The store, which this replica may not reach, is not read first: the run is live here.
+        """
+        work = self.works.get(task_id)
+        if work is None or task_id in self.cancellations:
+            return
+        live = await _sdk.live_task(self._handler, task_id)
+        if live is None or self.works.get(task_id) is not work or task_id in self.cancellations:
+            return  # Returned meanwhile; or cancelled already.
+        task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
+        cancellation = self._begin(task_id, Cancellation.lease_lost, task_id)
+        span = cancellation.span
+        try:
+            with _telemetry.current(span):
+                await self._drive(cancellation, task, live, work.caller)
+        finally:
+            _telemetry.end(span)
+
     async def runs_ended(self, deadline: float) -> bool:
         """Wait until no ``execute()`` runs here, or until ``deadline``; whether none does."""
         if not self.works:
@@ -316,6 +355,8 @@ class Lifecycle:
         task_id = work.task_id
         if self.works.get(task_id) is work:
             del self.works[task_id]
+            if self.leases is not None:
+                self.leases.run_ended(task_id)
             if self.watchers is not None:
                 self.watchers.run_ended(task_id)
             if self._idle is not None and not self.works:
@@ -448,7 +489,10 @@ class Lifecycle:
         context = RequestContext(call_context=caller, task_id=task.id, context_id=task.context_id, task=task)
         await cancellation.carry_out(context, _sdk.agent_queue(live))
         recorded = await cancellation.settled(functools.partial(_sdk.wait_finished, live))
-        result = await self.read(task.id, caller)
+        try:
+            result = await self.read(task.id, caller)
+        except InternalError:  # The store failed: the run is stopped, so CANCELED is retried.
+            result = None
         if not recorded or result is None or result.status.state not in TERMINAL_STATES:
             logger.warning("task %s did not record a terminal state; CANCELED is written directly", task.id)
             _telemetry.teardown_forced(task.id)

@@ -503,6 +503,32 @@ def database_transaction(store: Any) -> Any:
     return store.async_session_maker.begin()  # 1.0.0-1.3.0
 
 
+def database_row_of(store: Any, task: Task, owner: str) -> Any:
+    """The ORM row ``DatabaseTaskStore.save`` would merge for ``task`` of ``owner``."""
+    return store._to_orm(task, owner)  # 1.0.0-1.3.0
+
+
+def database_owner(store: Any, context: ServerCallContext) -> str:
+    """The owner a DatabaseTaskStore files the caller's tasks under."""
+    owner: str = store.owner_resolver(context)  # 1.0.0-1.3.0
+    return owner
+
+
+def database_engine(store: Any) -> Any:
+    """The engine a DatabaseTaskStore writes with (a SQLAlchemy ``AsyncEngine``)."""
+    return store.engine  # 1.0.0-1.3.0
+
+
+def database_model(store: Any) -> Any:
+    """The ORM model of a DatabaseTaskStore's task table (its ``table_name``)."""
+    return store.task_model  # 1.0.0-1.3.0
+
+
+async def database_ready(store: Any) -> None:
+    """Create a DatabaseTaskStore's task table once, as its own save does."""
+    await store.initialize()  # 1.0.0-1.3.0
+
+
 def task_from_row(store: Any, row: Any) -> Task:
     task: Task = store._from_orm(row)  # 1.0.0-1.3.0
     return task
@@ -576,6 +602,11 @@ async def versioned_tables_ready(store: Any) -> None:
 def versioned_owner(store: Any, context: ServerCallContext) -> str:
     owner: str = store._db.owner_resolver(context)  # 1.2.0-1.3.0
     return owner
+
+
+def versioned_database(store: Any) -> Any:
+    """The DatabaseTaskStore a VersionedDatabaseTaskStore keeps its tasks in."""
+    return store._db  # 1.2.0-1.3.0
 
 
 def versioned_row(store: Any, task: Task, owner: str) -> Any:

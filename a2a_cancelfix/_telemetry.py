@@ -51,6 +51,10 @@ if ENABLED:
         unit="s",
         description="From the CANCELED another replica stored to this replica noticing it",
     )
+    _lapsed_ended = _meter.create_counter(
+        f"{PREFIX}.lease_lapsed",
+        description="Tasks ended FAILED here because the replica running them stopped renewing its lease",
+    )
     _teardowns_forced = _meter.create_counter(
         f"{PREFIX}.teardowns_forced", description="Runs that did not close after a cancel and were closed"
     )
@@ -135,6 +139,33 @@ def shutdown_span(task_id: str) -> Any:
     if not ENABLED:
         return None
     return _tracer.start_span(f"{PREFIX}.shutdown_cancel", attributes={f"{PREFIX}.task_id": task_id})
+
+
+def lease_lost_span(task_id: str) -> Any:
+    """Start the span of a cancel of a run here whose replica lost its lease (None when off)."""
+    if not ENABLED:
+        return None
+    return _tracer.start_span(f"{PREFIX}.lease_lost_cancel", attributes={f"{PREFIX}.task_id": task_id})
+
+
+def lease_lapsed_span(task_id: str, replica_id: str) -> Any:
+    """Start the span of a task ended here because ``replica_id``, which ran it, stopped
+    renewing its lease (None when off)."""
+    if not ENABLED:
+        return None
+    attributes = {f"{PREFIX}.task_id": task_id, f"{PREFIX}.lease.replica_id": replica_id}
+    return _tracer.start_span(f"{PREFIX}.lease_lapsed", attributes=attributes)
+
+
+def lease_lapsed(span: Any, outcome: str) -> None:
+    """The end of a lapsed lease's task: FAILED here, or left as it was (parked, ended, taken
+    by another replica)."""
+    if not ENABLED:
+        return
+    if span is not None and span.is_recording():
+        span.set_attribute(f"{PREFIX}.lease.outcome", outcome)
+    if outcome == "FAILED":
+        _lapsed_ended.add(1)
 
 
 @contextlib.contextmanager

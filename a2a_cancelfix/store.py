@@ -19,12 +19,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskStore
-from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
+from a2a.types import (
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Part,
+    Role,
+    Task,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
 
 from a2a_cancelfix import _sdk, _telemetry
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
@@ -44,10 +55,18 @@ _Save = Callable[[Task, ServerCallContext], Awaitable[None]]
 # Called in the transaction that records CANCELED, with its session and the task id.
 _Announce = Callable[[Any, str], Awaitable[None]]
 
-# The stored ``status.state``: the enum name (1.0 rows), or the v0.3 value ('canceled').
-_TERMINAL_NAMES = sorted(
-    name for state in TERMINAL_STATES for name in (TaskState.Name(state), _sdk.state_name(state).lower())
-)
+
+def _stored_names(states: Any) -> list[str]:
+    """The stored ``status.state`` of ``states``: the enum name (1.0 rows), or the v0.3 value ('canceled')."""
+    return sorted(
+        name for state in states for name in (TaskState.Name(state), _sdk.state_name(state).lower())
+    )
+
+
+_TERMINAL_NAMES = _stored_names(TERMINAL_STATES)
+# What runs, or is about to: the states a task whose process died is ended from.
+_RUNNING = (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
+_RUNNING_NAMES = _stored_names(_RUNNING)
 
 
 class FinalStateTaskStore(TaskStore):
@@ -459,3 +478,139 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
 
     VersionedFinalStateTaskStore.__qualname__ = VersionedFinalStateTaskStore.__name__
     return VersionedFinalStateTaskStore
+
+
+class LeaseStore:
+    """What a replica's leases (_liveness.py) need of a guarded database store: its engine, its
+    task table, the owner it files a caller's tasks under, and FAILED written over a task whose
+    run died with its process, in the caller's transaction.
+
+    Args:
+        guard: a `FinalStateTaskStore` over a ``DatabaseTaskStore`` or, on a2a-sdk 1.2+, a
+            ``VersionedDatabaseTaskStore``.
+    """
+
+    def __init__(self, guard: FinalStateTaskStore) -> None:
+        store = guard.wrapped
+        self.notices = guard.notices
+        self._versioned = store if _sdk.is_versioned_database_store(store) else None
+        self._database = store if self._versioned is None else _sdk.versioned_database(store)
+        self.engine = _sdk.database_engine(self._database)
+        self.model = _sdk.database_model(self._database)
+        self.table_name: str = self.model.__table__.name
+
+    @classmethod
+    def of(cls, store: Any) -> LeaseStore | None:
+        """The lease store of ``store`` (the one a handler was given), if it is a guarded database store."""
+        if not isinstance(store, FinalStateTaskStore):
+            return None
+        wrapped = store.wrapped
+        if not isinstance(wrapped, DatabaseTaskStore) and not _sdk.is_versioned_database_store(wrapped):
+            return None
+        return cls(store)
+
+    def owner(self, context: ServerCallContext) -> str:
+        return _sdk.database_owner(self._database, context)
+
+    def transaction(self) -> Any:
+        """A session in a transaction on the store's engine (``async with``)."""
+        return _sdk.database_transaction(self._database)
+
+    async def ready(self) -> None:
+        """Create the store's own tables, as its first save would."""
+        if self._versioned is not None:
+            await _sdk.versioned_tables_ready(self._versioned)
+        else:
+            await _sdk.database_ready(self._database)
+
+    async def running(self, session: Any) -> list[tuple[str, str]]:
+        """The id and owner of every task stored SUBMITTED or WORKING."""
+        import sqlalchemy as sa
+
+        model = self.model
+        rows = await session.execute(
+            sa.select(model.id, model.owner).where(model.status["state"].as_string().in_(_RUNNING_NAMES))
+        )
+        return [(task_id, owner) for task_id, owner in rows]
+
+    async def fail(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
+        """In ``session``'s transaction, which holds the write lock (SQLite) or locks the rows
+        it reads (PostgreSQL): FAILED, with ``why`` as its status message, over the task if it
+        is stored SUBMITTED or WORKING. The task as written, or None: nothing was.
+        """
+        if self._versioned is not None:
+            return await self._fail_versioned(session, task_id, owner, why)
+        import sqlalchemy as sa
+
+        model, database = self.model, self._database
+        kept = await session.scalar(
+            sa.select(model).where(model.id == task_id, model.owner == owner).with_for_update()
+        )
+        if kept is None:
+            return None
+        failed = _failed(_sdk.task_from_row(database, kept), why)
+        if failed is None:
+            return None
+        row = _sdk.database_row_of(database, failed, owner)
+        mapper = sa.inspect(type(row))
+        table = mapper.local_table
+        given = sa.inspect(row).dict
+        values = {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
+        written = await session.execute(
+            sa.update(table)
+            .where(
+                table.c.id == task_id,
+                table.c.owner == owner,
+                table.c.status["state"].as_string().in_(_RUNNING_NAMES),
+            )
+            .values({column: value for column, value in values.items() if not column.primary_key})
+        )
+        return failed if written.rowcount == 1 else None
+
+    async def _fail_versioned(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
+        """As `fail`, for a VersionedDatabaseTaskStore: as its save, the version row locked,
+        bumped, the task merged, and the end journaled for the streams that tail it."""
+        import sqlalchemy as sa
+
+        store = self._versioned
+        versions, journal = _sdk.version_model(store), _sdk.journal_model(store)
+        stored_version = await _sdk.lock_version(store, session, task_id, owner)
+        current = await _sdk.current_task(store, session, task_id, owner)
+        failed = None if current is None else _failed(current, why)
+        if failed is None:
+            return None
+        new_version = (stored_version or 0) + 1
+        if stored_version is None:
+            await _sdk.insert_version(store, session, task_id, owner, new_version)
+        else:
+            this = sa.and_(versions.task_id == task_id, versions.owner == owner)
+            await session.execute(sa.update(versions).where(this).values(version=new_version))
+        await session.merge(_sdk.versioned_row(store, failed, owner))
+        event = TaskStatusUpdateEvent(task_id=task_id, context_id=failed.context_id, status=failed.status)
+        await session.execute(
+            sa.insert(journal).values(
+                task_id=task_id, owner=owner, task_version=new_version, event_data=_sdk.journal_entry(event)
+            )
+        )
+        return failed
+
+
+def _failed(task: Task, why: str) -> Task | None:
+    """``task`` FAILED, ``why`` its status message, if it is SUBMITTED or WORKING; else None."""
+    if task.status.state not in _RUNNING:
+        return None
+    failed = Task()
+    failed.CopyFrom(task)
+    status = TaskStatus(
+        state=TaskState.TASK_STATE_FAILED,
+        message=Message(
+            role=Role.ROLE_AGENT,
+            message_id=f"{task.id}-failed",
+            task_id=task.id,
+            context_id=task.context_id,
+            parts=[Part(text=why)],
+        ),
+    )
+    status.timestamp.FromNanoseconds(time.time_ns())
+    failed.status.CopyFrom(status)
+    return failed

@@ -183,6 +183,24 @@ class Cancellation:
             message=why,
         )
 
+    @classmethod
+    def lease_lost(
+        cls, task_id: str, executor: AgentExecutor, work: Work | None, timeline: Timeline
+    ) -> Cancellation:
+        """The cancel of a run whose replica could not renew its lease: another replica may soon
+        take the task for dead. On a span of its own."""
+        why = "Canceled: this server lost contact with its task store"
+        return cls(
+            task_id,
+            executor,
+            work,
+            timeline,
+            reason=why,
+            span=_telemetry.lease_lost_span(task_id),
+            path="lease_lost",
+            message=why,
+        )
+
     @property
     def late(self) -> bool:
         """Whether the deadline has passed."""

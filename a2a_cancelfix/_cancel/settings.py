@@ -13,6 +13,8 @@ DEFAULT_GRACE_PERIOD = 5.0
 # How long a handler's aclose() may take: pushes sent, pending CANCELED writes tried once more.
 DEFAULT_DRAIN_TIME = 5.0
 DEFAULT_POLL_INTERVAL = 1.0
+# A replica's lease on its runs, where the task store is a database (see _liveness.py).
+DEFAULT_LEASE_TIME = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Settings:
     cancel_unwatched_after: float | None = None
     cancel_unwatched_parked: bool = False
     shutdown_drain_time: float = DEFAULT_DRAIN_TIME
+    lease_time: float | None = DEFAULT_LEASE_TIME
+    sole_replica: bool = False
     timing: Timing = Timing()
 
     def __post_init__(self) -> None:
@@ -101,10 +105,37 @@ class Settings:
             )
         if self.cancel_unwatched_parked and self.cancel_unwatched_after is None:
             raise ValueError("cancel_unwatched_parked needs cancel_unwatched_after")
+        self._check_lease(set_checked)
         if self.on_parked not in ("cancel", "refuse"):
             raise ValueError(f"on_parked must be 'cancel' or 'refuse', not {self.on_parked!r}")
         if self.on_canceled not in ("raise", "return"):
             raise ValueError(f"on_canceled must be 'raise' or 'return', not {self.on_canceled!r}")
+
+    def _check_lease(self, set_checked: functools.partial[None]) -> None:
+        """A lease long enough for a replica that lost it to stop its runs in its first half.
+
+        The default is raised to that minimum where a long grace period needs more; a
+        ``lease_time`` given below it is refused.
+        """
+        if not isinstance(self.sole_replica, bool):
+            raise TypeError(f"sole_replica must be True or False, not {self.sole_replica!r}")
+        if self.lease_time is None:
+            return
+        lease_time = checked_seconds("lease_time", self.lease_time)
+        least = self.least_lease_time
+        if lease_time < least:
+            if lease_time != DEFAULT_LEASE_TIME:
+                raise ValueError(
+                    f"lease_time must be at least 2 x (cancel_grace_period + 3 x {self.timing.margin:g} s) "
+                    f"= {least:g} s with cancel_grace_period={self.cancel_grace_period:g}, not {lease_time:g}"
+                )
+            lease_time = least
+        set_checked("lease_time", lease_time)
+
+    @property
+    def least_lease_time(self) -> float:
+        """The shortest lease: its half holds a cancel (grace period, the SDK's part, a write)."""
+        return 2 * (self.cancel_grace_period + 3 * self.timing.margin)
 
     def timeline(self) -> Timeline:
         """The bounds of a cancel that starts now."""

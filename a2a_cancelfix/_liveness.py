@@ -1,0 +1,513 @@
+"""Leases: the tasks of a replica whose process died are ended by the living.
+
+Each handler over a database task store is a replica, with a lease in two tables of ours in
+the store's database: ``a2a_cancelfix_replicas`` (a row per replica, its ``beat`` renewed every
+``lease_time / 6``) and ``a2a_cancelfix_runs`` (a row per run of ``execute()``, inserted before
+it starts, deleted after it returns). A replica that has seen another's beat unchanged for that
+one's ``lease_time``, on its own clock, takes it for dead: it removes its row, and then ends,
+once, each task of a run whose replica row is gone, FAILED if the store shows it SUBMITTED or
+WORKING. A replica that has not renewed for half its lease stops its own runs (the
+``lease_lost`` cancel), so that none is still running when another can take it for dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from a2a.types import TaskStatusUpdateEvent
+
+from a2a_cancelfix import _telemetry
+from a2a_cancelfix._aio import deadline_in, in_background, wait_done
+
+if TYPE_CHECKING:
+    from a2a.server.agent_execution import RequestContext
+    from a2a.server.tasks import PushNotificationSender
+
+    from a2a_cancelfix.store import LeaseStore
+
+logger = logging.getLogger("a2a_cancelfix")
+
+REPLICAS = "a2a_cancelfix_replicas"
+RUNS = "a2a_cancelfix_runs"
+LAPSED = "the server process running this task stopped (lease lapsed)"
+
+
+class Leased(Protocol):
+    """What the leases look after: a `Lifecycle`'s runs, and how it stops one."""
+
+    @property
+    def works(self) -> Mapping[str, object]: ...
+
+    async def lease_lost(self, task_id: str, context_id: str) -> None:
+        """Cancel the run here of ``task_id``: this replica could not renew its lease."""
+
+
+class Leases:
+    """One handler's lease on its runs, and its watch over the other replicas' leases.
+
+    Built by the lifecycle it serves once the handler is built (`Lifecycle.bind`); begun by the
+    handler's first request (`begin`), ended by its ``aclose()`` (`aclose`).
+
+    Args:
+        lifecycle: the handler's lifecycle, whose runs are leased and stopped.
+        store: the handler's guarded database store, whose database holds the leases.
+        lease_time: seconds; see the handler's ``lease_time``.
+        sole_replica: end every task the store shows running when the leases begin.
+        pushes: the handler's push sender, which sends the end of a task ended here.
+        noticed: told the id of each task ended here (its subscribers here look at the store).
+    """
+
+    def __init__(
+        self,
+        lifecycle: Leased,
+        store: LeaseStore,
+        lease_time: float,
+        sole_replica: bool,
+        pushes: PushNotificationSender | None,
+        noticed: Callable[[str], None],
+    ) -> None:
+        self.lifecycle, self.store = lifecycle, store
+        self.lease_time = lease_time
+        self.period = lease_time / 6
+        self.sole_replica = sole_replica
+        self.pushes, self.noticed = pushes, noticed
+        self.replica_id = _new_id()
+        self.fenced = False  # No renewal for half a lease: the runs here are being stopped.
+        self.tables = _tables()
+        # The runs here: task id -> (the owner the store files it under, its context id).
+        self._runs: dict[str, tuple[str, str]] = {}
+        self._registered: asyncio.Future[None] | None = None
+        self._inserted = False  # This replica's row was inserted once: a missing one was removed.
+        self._renewing: asyncio.Future[None] | None = None
+        self._attempt: asyncio.Future[None] | None = None
+        self._ending: asyncio.Future[None] | None = None
+        self._fence: asyncio.TimerHandle | None = None
+        # Each other replica's beat, with when it was first seen at that value (this clock).
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._dead: dict[str, int] = {}  # Replicas taken for dead, their last beat: to remove.
+        self._orphans_due = -math.inf  # When the runs of removed replicas are looked for next.
+        self._closed = False
+        self._writes: set[asyncio.Future[Any]] = set()  # Run rows being inserted or deleted.
+
+    # The handler's side.
+
+    def begin(self) -> asyncio.Future[None]:
+        """Register this replica (once), then renew and watch until `aclose`; the registration."""
+        if self._registered is None:
+            self._registered = in_background(self._register())
+        return self._registered
+
+    async def begun(self) -> None:
+        """Begin; and for a sole replica, whose first pass must come before any new task, wait
+        for it, at most half a lease (a store that does not answer delays the first requests only)."""
+        registered = self.begin()
+        if self.sole_replica:
+            await wait_done(registered, deadline_in(self.lease_time / 2))
+
+    async def run_started(self, task_id: str, context: RequestContext) -> None:
+        """Lease a run before its ``execute()`` starts: one round trip (the first run also waits
+        for the registration, at most a renewal period). A failure is logged and the run goes
+        on, unleased. A run that starts while this replica cannot renew is stopped."""
+        registered = self.begin()
+        if not registered.done():
+            await wait_done(registered, deadline_in(self.period))
+        owner = self.store.owner(context.call_context)
+        self._runs[task_id] = owner, context.context_id or ""
+        try:
+            await self._write(self._insert_run(task_id, owner))
+        except Exception:
+            logger.warning("task %s: could not lease its run; it goes on unleased", task_id, exc_info=True)
+        if self.fenced:
+            in_background(self.lifecycle.lease_lost(task_id, context.context_id or ""))
+
+    def run_ended(self, task_id: str) -> None:
+        """A run's ``execute()`` has returned: its lease row goes, in the background."""
+        if self._runs.pop(task_id, None) is not None and not self._closed:
+            in_background(self._forget_run(task_id))
+
+    async def aclose(self, deadline: float) -> None:
+        """Stop renewing, and remove this replica's rows, by ``deadline``: its runs have ended
+        (the handler's ``aclose`` drained them), nothing is left for the survivors."""
+        self._closed = True
+        if self._renewing is not None:
+            self._renewing.cancel()  # Between two attempts: those under way are left to end.
+        if self._fence is not None:
+            self._fence.cancel()
+        if self._registered is None:
+            return
+        for pending in [self._registered, self._attempt, self._ending, *self._writes]:
+            await wait_done(pending, deadline)
+        try:
+            await asyncio.wait_for(
+                self._remove_self(), max(deadline - asyncio.get_running_loop().time(), 0.0)
+            )
+        except Exception:
+            logger.warning(
+                "could not remove this replica's lease rows at shutdown; the other replicas "
+                "take it for dead after lease_time",
+                exc_info=True,
+            )
+
+    # Registration and renewal.
+
+    async def _register(self) -> None:
+        sent = asyncio.get_running_loop().time()
+        try:
+            await self._ready()
+            if self.sole_replica:
+                await self._end_every_running()
+            async with self.store.engine.begin() as connection:
+                await self._insert_self(connection)
+            self._renewed(sent)
+        except Exception:
+            logger.warning("could not register this replica's lease; renewing retries it", exc_info=True)
+        finally:
+            if not self._closed:
+                self._renewing = in_background(self._renew_forever())
+
+    async def _ready(self) -> None:
+        """Our tables, created once. Not the store's own: its first save makes them, and two
+        creations at once collide (PostgreSQL)."""
+        if self.tables.ready:
+            return
+        metadata = self.tables.metadata
+        try:
+            async with self.store.engine.begin() as connection:
+                await connection.run_sync(metadata.create_all, checkfirst=True)
+        except Exception:
+            # Another replica created them at the same time (PostgreSQL): they are there now.
+            async with self.store.engine.begin() as connection:
+                await connection.run_sync(metadata.create_all, checkfirst=True)
+        self.tables.ready = True
+
+    async def _insert_self(self, connection: Any) -> None:
+        import sqlalchemy as sa
+
+        replicas = self.tables.replicas
+        values = {"replica_id": self.replica_id, "beat": 0, "lease_ms": round(self.lease_time * 1000)}
+        await connection.execute(sa.insert(replicas).values(values))
+        self._inserted = True
+
+    async def _renew_forever(self) -> None:
+        """Renew every ``period``; an attempt that hangs is not stacked upon, and fails by the
+        fence's own timer (`_renewed`), not by this one's."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            if self._attempt is None or self._attempt.done():
+                self._attempt = in_background(self._renew(loop.time()))
+            due += self.period
+            await asyncio.sleep(max(due - loop.time(), 0.0))
+
+    async def _renew(self, sent: float) -> None:
+        try:
+            rows = await self._beat()
+        except Exception as error:
+            logger.log(
+                logging.DEBUG if self.fenced else logging.WARNING,
+                "could not renew this replica's lease: %r",
+                error,
+            )
+            return
+        self._renewed(sent)
+        self._judge(rows, sent, asyncio.get_running_loop().time())
+
+    async def _beat(self) -> list[Any]:
+        """One transaction: this replica's beat, and every replica's. A row of ours that is gone
+        was removed by a replica that took this one for dead: it registers anew, its runs too."""
+        import sqlalchemy as sa
+
+        await self._ready()
+        replicas = self.tables.replicas
+        async with self.store.engine.begin() as connection:
+            mine = replicas.c.replica_id == self.replica_id
+            updated = await connection.execute(
+                sa.update(replicas).where(mine).values(beat=replicas.c.beat + 1)
+            )
+            if updated.rowcount == 0:
+                if self._inserted:
+                    logger.warning(
+                        "replica %s was taken for dead by another replica (its lease lapsed); "
+                        "it registers again, with %d run(s)",
+                        self.replica_id,
+                        len(self._runs),
+                    )
+                    self.replica_id = _new_id()
+                await self._insert_self(connection)
+                for task_id, (owner, _) in list(self._runs.items()):
+                    await connection.execute(self._run_row(task_id, owner))
+            return list(
+                await connection.execute(
+                    sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms)
+                )
+            )
+
+    def _renewed(self, sent: float) -> None:
+        """A renewal sent at ``sent`` succeeded: the runs here are safe until half a lease from then."""
+        if self._closed:
+            return
+        if self._fence is not None:
+            self._fence.cancel()
+        self._fence = asyncio.get_running_loop().call_at(sent + self.lease_time / 2, self._lost)
+        if self.fenced:
+            self.fenced = False
+            logger.warning("replica %s renewed its lease again; its new runs are leased", self.replica_id)
+
+    def _lost(self) -> None:
+        """No renewal for half a lease: stop every run here before anyone takes it for dead."""
+        self._fence = None
+        self.fenced = True
+        logger.warning(
+            "replica %s could not renew its lease for %g s (lease_time / 2): its %d run(s) are cancelled",
+            self.replica_id,
+            self.lease_time / 2,
+            len(self._runs),
+        )
+        for task_id, (_, context_id) in list(self._runs.items()):
+            in_background(self.lifecycle.lease_lost(task_id, context_id))
+
+    # The others' leases.
+
+    def _judge(self, rows: list[Any], sent: float, read: float) -> None:
+        """Take for dead each replica whose beat this one has seen unchanged for its lease.
+
+        Seen from ``read``, the end of the read that first showed the value; judged at ``sent``,
+        the start of this one: whatever renewal it made was sent before the first read.
+        """
+        present = set()
+        for replica_id, beat, lease_ms in rows:
+            present.add(replica_id)
+            if replica_id == self.replica_id:
+                continue
+            seen = self._seen.get(replica_id)
+            if seen is None or seen[0] != beat:
+                self._seen[replica_id] = beat, read
+            elif sent - seen[1] >= lease_ms / 1000:
+                self._dead[replica_id] = beat
+        gone = self._seen.keys() - present
+        for replica_id in gone:
+            del self._seen[replica_id]
+        due = self._dead or gone or sent >= self._orphans_due
+        if due and (self._ending is None or self._ending.done()):
+            self._ending = in_background(self._end_lapsed())
+
+    async def _end_lapsed(self) -> None:
+        """Remove the rows of the replicas taken for dead (each unless it renewed meanwhile),
+        then end the tasks of the runs whose replica row is gone."""
+        import sqlalchemy as sa
+
+        replicas = self.tables.replicas
+        try:
+            for replica_id, beat in list(self._dead.items()):
+                async with self.store.engine.begin() as connection:
+                    removed = await connection.execute(
+                        sa.delete(replicas).where(
+                            replicas.c.replica_id == replica_id, replicas.c.beat == beat
+                        )
+                    )
+                del self._dead[replica_id]
+                self._seen.pop(replica_id, None)
+                if removed.rowcount:
+                    logger.warning(
+                        "replica %s has not renewed its lease for its lease_time: its tasks are ended",
+                        replica_id,
+                    )
+            self._orphans_due = asyncio.get_running_loop().time() + self.lease_time
+            for task_id, replica_id, owner in await self._orphans():
+                await self._end(task_id, replica_id, owner)
+        except Exception:
+            logger.warning(
+                "could not end the tasks of lapsed leases; the next renewal retries", exc_info=True
+            )
+
+    async def _orphans(self) -> list[tuple[str, str, str]]:
+        """The runs of this store whose replica row is gone."""
+        import sqlalchemy as sa
+
+        runs, replicas = self.tables.runs, self.tables.replicas
+        async with self.store.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.select(runs.c.task_id, runs.c.replica_id, runs.c.owner).where(
+                    runs.c.store == self.store.table_name,
+                    runs.c.replica_id.not_in(sa.select(replicas.c.replica_id)),
+                )
+            )
+            return [(task_id, replica_id, owner) for task_id, replica_id, owner in rows]
+
+    async def _end(self, task_id: str, replica_id: str, owner: str) -> None:
+        """End one lapsed run's task, once among the replicas: the one whose delete of the run
+        row takes it writes FAILED, in the same transaction, if the task still runs."""
+        import sqlalchemy as sa
+
+        runs, store = self.tables.runs, self.store
+        span = _telemetry.lease_lapsed_span(task_id, replica_id)
+        started = time.monotonic()
+        outcome = "left"
+        try:
+            async with store.transaction() as session:
+                claimed = await session.execute(
+                    sa.delete(runs).where(
+                        runs.c.store == store.table_name,
+                        runs.c.task_id == task_id,
+                        runs.c.replica_id == replica_id,
+                    )
+                )
+                if claimed.rowcount != 1:
+                    outcome = "taken"  # Another replica ended it, or its run came back.
+                    return
+                failed = await store.fail(session, task_id, owner, LAPSED)
+                if failed is not None and store.notices is not None:
+                    await store.notices.announce_in(session, task_id)
+            if failed is None:
+                return  # Parked, or ended: nothing runs it, it stays as it is.
+            outcome = "FAILED"
+            await self._told(task_id, failed)
+            logger.warning(
+                "end task=%s path=lease_lapsed outcome=FAILED took=%.3fs replica=%s",
+                task_id,
+                time.monotonic() - started,
+                replica_id,
+            )
+        finally:
+            _telemetry.lease_lapsed(span, outcome)
+            _telemetry.end(span)
+
+    async def _told(self, task_id: str, failed: Any) -> None:
+        """Tell of a task ended here: the other replicas, the subscribers here, its push configs."""
+        notices = self.store.notices
+        if notices is not None:
+            await notices.announce(task_id)
+        self.noticed(task_id)
+        if self.pushes is not None:
+            event = TaskStatusUpdateEvent(task_id=task_id, context_id=failed.context_id, status=failed.status)
+            await self.pushes.send_notification(task_id, event)
+
+    async def _end_every_running(self) -> None:
+        """As the only server of the store: end every task it shows SUBMITTED or WORKING but
+        those running here, leased or not (a previous process's, of any version)."""
+        import sqlalchemy as sa
+
+        runs, store = self.tables.runs, self.store
+        await store.ready()  # The first requests wait for this pass: nothing else creates them now.
+        async with store.transaction() as session:
+            running = await store.running(session)
+        for task_id, owner in running:
+            if task_id in self.lifecycle.works or task_id in self._runs:
+                continue
+            async with store.transaction() as session:
+                await session.execute(
+                    sa.delete(runs).where(runs.c.store == store.table_name, runs.c.task_id == task_id)
+                )
+                failed = await store.fail(session, task_id, owner, LAPSED)
+                if failed is not None and store.notices is not None:
+                    await store.notices.announce_in(session, task_id)
+            if failed is not None:
+                await self._told(task_id, failed)
+                logger.warning("end task=%s path=lease_lapsed outcome=FAILED sole_replica=True", task_id)
+
+    # The run rows.
+
+    def _run_row(self, task_id: str, owner: str) -> Any:
+        """Insert, or take over, the lease row of a run of ``task_id`` here."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        insert = (postgresql.insert if self.store.engine.dialect.name == "postgresql" else sqlite.insert)(
+            self.tables.runs
+        )
+        values = {
+            "store": self.store.table_name,
+            "task_id": task_id,
+            "replica_id": self.replica_id,
+            "owner": owner,
+        }
+        statement = insert.values(values)
+        return statement.on_conflict_do_update(
+            index_elements=["store", "task_id"],
+            set_={"replica_id": statement.excluded.replica_id, "owner": statement.excluded.owner},
+        )
+
+    async def _insert_run(self, task_id: str, owner: str) -> None:
+        async with self.store.engine.begin() as connection:
+            await connection.execute(self._run_row(task_id, owner))
+
+    async def _forget_run(self, task_id: str) -> None:
+        import sqlalchemy as sa
+
+        runs = self.tables.runs
+        try:
+            async with self.store.engine.begin() as connection:
+                await connection.execute(
+                    sa.delete(runs).where(
+                        runs.c.store == self.store.table_name,
+                        runs.c.task_id == task_id,
+                        runs.c.replica_id == self.replica_id,
+                    )
+                )
+        except Exception as error:  # Left behind, it is harmless: an end needs a running task.
+            logger.debug("could not remove the lease row of task %s: %r", task_id, error)
+
+    async def _write(self, write: Any) -> None:
+        """Await a run row's write, known to `aclose` until it ends."""
+        future = asyncio.ensure_future(write)
+        self._writes.add(future)
+        future.add_done_callback(self._writes.discard)
+        await future
+
+    async def _remove_self(self) -> None:
+        """Remove this replica's rows; but where a run here has not returned, leave them: the
+        survivors end its task once the lease, no longer renewed, lapses."""
+        import sqlalchemy as sa
+
+        runs, replicas = self.tables.runs, self.tables.replicas
+        mine = sa.and_(runs.c.store == self.store.table_name, runs.c.replica_id == self.replica_id)
+        async with self.store.engine.begin() as connection:
+            if self._runs:
+                logger.warning(
+                    "replica %s shut down with %d run(s) not returned: the other replicas end "
+                    "their tasks once its lease lapses",
+                    self.replica_id,
+                    len(self._runs),
+                )
+                await connection.execute(sa.delete(runs).where(mine, runs.c.task_id.not_in(list(self._runs))))
+                return
+            await connection.execute(sa.delete(runs).where(mine))
+            await connection.execute(sa.delete(replicas).where(replicas.c.replica_id == self.replica_id))
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Tables:
+    """Our two tables (SQLAlchemy is there with a2a-sdk's database extras only)."""
+
+    def __init__(self) -> None:
+        import sqlalchemy as sa
+
+        self.metadata = sa.MetaData()
+        self.replicas = sa.Table(
+            REPLICAS,
+            self.metadata,
+            sa.Column("replica_id", sa.String(64), primary_key=True),
+            sa.Column("beat", sa.BigInteger, nullable=False),
+            sa.Column("lease_ms", sa.BigInteger, nullable=False),
+        )
+        self.runs = sa.Table(
+            RUNS,
+            self.metadata,
+            sa.Column("store", sa.String(255), primary_key=True),  # The task table's name.
+            sa.Column("task_id", sa.String(255), primary_key=True),
+            sa.Column("replica_id", sa.String(64), nullable=False, index=True),
+            sa.Column("owner", sa.String(255), nullable=False),
+        )
+        self.ready = False
+
+
+def _tables() -> _Tables:
+    return _Tables()
