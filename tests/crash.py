@@ -73,6 +73,7 @@ class Shared:
             return [Saved(row[0], row[1] or "", row[2]) for row in rows]
 
     async def histories(self) -> dict[str, list[Saved]]:
+        """Every task's `history`."""
         async with self.engine.connect() as connection:
             rows = await connection.execute(sa.text("SELECT id, state, message, at FROM audit ORDER BY seq"))
             found: dict[str, list[Saved]] = {}
@@ -99,6 +100,8 @@ class Shared:
 
 @dataclass
 class Saved:
+    """One state a task was stored with (``TASK_STATE_...``), its status message, and when."""
+
     state: str
     message: str
     at: float
@@ -106,6 +109,8 @@ class Saved:
 
 @dataclass
 class Noted:
+    """One line of the run log: when, which process, start, cancel or stop, which task."""
+
     at: float
     pid: int
     event: str
