@@ -87,17 +87,18 @@ KILLED = [
 async def test_a_killed_replicas_tasks_end_failed_on_a_survivor(
     handler: str, notices: str | None, tmp_path: Path
 ) -> None:
-    """SIGKILL of the replica running two tasks: ours ends both FAILED on the survivor within a
-    lease and a sixth (and slack), a subscriber there ends on it, each push config hears it
-    once; the parked task and the survivor's own stay, and only the survivor's lease rows are
-    left. Stock leaves them WORKING past that bound, its subscriber waiting on."""
+    """SIGKILL of the replica running two tasks: ours ends both FAILED, once between the two
+    survivors, within a lease and a sixth (and slack); a subscriber on a survivor ends on it,
+    each push config hears it once; the parked task and the survivors' own stay, and only the
+    survivors' lease rows are left. Stock leaves them WORKING past that bound, its subscriber
+    waiting on."""
     async with (
         shared("postgresql", tmp_path) as world,
         client() as c,
-        replicas(world, 2, **options(handler, notices)) as (a, b),
+        replicas(world, 3, **options(handler, notices)) as (a, b, d),
     ):
         (_, one), (_, two), (_, parked) = [await c.working(a, text) for text in ("go", "go", "park")]
-        _, own = await c.working(b)
+        (_, own), (_, own_d) = await c.working(b), await c.working(d)
         follower = c.subscribe(b, one)
         await follower.until(lambda: bool(follower.events) or follower.task.done(), BOUND)
         await a.kill()
@@ -107,13 +108,13 @@ async def test_a_killed_replicas_tasks_end_failed_on_a_survivor(
             assert follower.last == "WORKING" and not follower.task.done()  # It waits on, forever.
             return
         states = await poll(world.states, lambda states: states[one] == states[two] == "FAILED", BOUND)
-        assert (states[parked], states[own]) == ("INPUT_REQUIRED", "WORKING")
+        assert (states[parked], states[own], states[own_d]) == ("INPUT_REQUIRED", "WORKING", "WORKING")
         assert a.died_at is not None
         for task_id in (one, two):
             ended_by_lease(await world.history(task_id), a.died_at)
             await c.pushed_once(task_id, "FAILED")
         assert await follower.ended(BOUND) and follower.last == "FAILED"
-        await poll(world.lease_rows, lambda rows: rows == (1, {own}), BOUND)
+        await poll(world.lease_rows, lambda rows: rows == (2, {own, own_d}), BOUND)
 
 
 @pytest.mark.asyncio
