@@ -29,6 +29,10 @@ SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.2", "1.2.3", "
 #   upstream's cluster mode (1.2.0+).
 # - tests/test_store.py's race between processes: FinalStateTaskStore's guarded write is one SQL
 #   statement of ours, the same on every release, through accessors `_sdk` probes at import.
+# - tests/test_liveness.py's leases beyond a dying replica's own (two survivors, parked tasks,
+#   fencing, a replica coming back, shutdown, restart): each waits out a lease of a second or
+#   more, and what it checks is our own SQL and timers, the same on every release. A dying
+#   replica's task ended by a survivor, and upstream's cluster mode (1.2+), run on every release.
 # - the tests that run our own entry points in an interpreter of their own: the docs' sweep
 #   commands as written (test_docs.py), `python -m a2a_cancelfix` (test_layout.py, test_cli.py),
 #   the sweep command (test_sweep.py, test_sweep_field.py) and the runtime's imports

@@ -282,8 +282,6 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         await asyncio.gather(*drains)
         if not await wait_done(closing, drain_by):
             logger.warning("the handler's runs were not all closed by the end of shutdown_drain_time")
-        if lifecycle.leases is not None:
-            await lifecycle.leases.aclose(max(drain_by, deadline_in(margin)))
 
     @_telemetry.traced_as_sdk
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:

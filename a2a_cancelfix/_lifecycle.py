@@ -356,7 +356,8 @@ class Lifecycle:
         if self.works.get(task_id) is work:
             del self.works[task_id]
             if self.leases is not None:
-                self.leases.run_ended(task_id)
+                # A cancelled run's CANCELED may still be on its way: its lease stays till then.
+                self.leases.run_ended(task_id, keep_lease=task_id in self.cancellations)
             if self.watchers is not None:
                 self.watchers.run_ended(task_id)
             if self._idle is not None and not self.works:
@@ -526,8 +527,11 @@ class Lifecycle:
 
     async def drain(self, deadline: float) -> None:
         """For the handler's shutdown: each pending CANCELED write is tried once more, at once,
-        and waited for until ``deadline`` (see `CanceledWrites.drain`)."""
+        and waited for until ``deadline`` (see `CanceledWrites.drain`); then this replica's
+        leases end, their rows removed by ``deadline`` (see `Leases.aclose`)."""
         await self._writes.drain(deadline)
+        if self.leases is not None:
+            await self.leases.aclose(deadline)
 
     async def stored_end(self, task_id: str, caller: ServerCallContext) -> Task | None:
         """For a stream of ``task_id`` that ended with no terminal event: if its run was closed

@@ -79,7 +79,8 @@ class Leases:
         self.pushes, self.noticed = pushes, noticed
         self.replica_id = _new_id()
         self.fenced = False  # No renewal for half a lease: the runs here are being stopped.
-        self.tables = _tables()
+        self.tables = _Tables()
+        self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
         self._registered: asyncio.Future[None] | None = None
@@ -117,18 +118,21 @@ class Leases:
         registered = self.begin()
         if not registered.done():
             await wait_done(registered, deadline_in(self.period))
-        owner = self.store.owner(context.call_context)
-        self._runs[task_id] = owner, context.context_id or ""
         try:
+            owner = self.store.owner(context.call_context)
+            self._runs[task_id] = owner, context.context_id or ""
             await self._write(self._insert_run(task_id, owner))
         except Exception:
             logger.warning("task %s: could not lease its run; it goes on unleased", task_id, exc_info=True)
         if self.fenced:
             in_background(self.lifecycle.lease_lost(task_id, context.context_id or ""))
 
-    def run_ended(self, task_id: str) -> None:
-        """A run's ``execute()`` has returned: its lease row goes, in the background."""
-        if self._runs.pop(task_id, None) is not None and not self._closed:
+    def run_ended(self, task_id: str, *, keep_lease: bool = False) -> None:
+        """A run's ``execute()`` has returned: its lease row goes, in the background; unless
+        ``keep_lease``, for a run whose end is still to be written (its row is left: should
+        this replica die before, the survivors end the task; else the row is moot, an end
+        needs a running task, and goes with this replica's other rows)."""
+        if self._runs.pop(task_id, None) is not None and not self._closed and not keep_lease:
             in_background(self._forget_run(task_id))
 
     async def aclose(self, deadline: float) -> None:
@@ -143,20 +147,19 @@ class Leases:
             return
         for pending in [self._registered, self._attempt, self._ending, *self._writes]:
             await wait_done(pending, deadline)
-        try:
-            await asyncio.wait_for(
-                self._remove_self(), max(deadline - asyncio.get_running_loop().time(), 0.0)
-            )
-        except Exception:
+        # Not cut at the deadline: a statement cut midway can leave its connection stuck.
+        if not await wait_done(in_background(self._remove_self()), deadline):
             logger.warning(
-                "could not remove this replica's lease rows at shutdown; the other replicas "
-                "take it for dead after lease_time",
-                exc_info=True,
+                "replica %s: its lease rows were not removed by the end of shutdown_drain_time; "
+                "the other replicas take it for dead after lease_time",
+                self.replica_id,
             )
 
     # Registration and renewal.
 
     async def _register(self) -> None:
+        if self._closed:
+            return  # A request after the shutdown: nothing to lease.
         sent = asyncio.get_running_loop().time()
         try:
             await self._ready()
@@ -174,7 +177,7 @@ class Leases:
     async def _ready(self) -> None:
         """Our tables, created once. Not the store's own: its first save makes them, and two
         creations at once collide (PostgreSQL)."""
-        if self.tables.ready:
+        if self._tables_ready:
             return
         metadata = self.tables.metadata
         try:
@@ -184,7 +187,7 @@ class Leases:
             # Another replica created them at the same time (PostgreSQL): they are there now.
             async with self.store.engine.begin() as connection:
                 await connection.run_sync(metadata.create_all, checkfirst=True)
-        self.tables.ready = True
+        self._tables_ready = True
 
     async def _insert_self(self, connection: Any) -> None:
         import sqlalchemy as sa
@@ -375,6 +378,8 @@ class Leases:
                 replica_id,
             )
         finally:
+            if outcome != "FAILED":
+                logger.debug("task %s of lapsed replica %s: %s", task_id, replica_id, outcome)
             _telemetry.lease_lapsed(span, outcome)
             _telemetry.end(span)
 
@@ -462,6 +467,17 @@ class Leases:
     async def _remove_self(self) -> None:
         """Remove this replica's rows; but where a run here has not returned, leave them: the
         survivors end its task once the lease, no longer renewed, lapses."""
+        try:
+            await self._remove_rows()
+        except Exception:
+            logger.warning(
+                "replica %s: could not remove its lease rows at shutdown; the other replicas "
+                "take it for dead after lease_time",
+                self.replica_id,
+                exc_info=True,
+            )
+
+    async def _remove_rows(self) -> None:
         import sqlalchemy as sa
 
         runs, replicas = self.tables.runs, self.tables.replicas
@@ -506,8 +522,3 @@ class _Tables:
             sa.Column("replica_id", sa.String(64), nullable=False, index=True),
             sa.Column("owner", sa.String(255), nullable=False),
         )
-        self.ready = False
-
-
-def _tables() -> _Tables:
-    return _Tables()

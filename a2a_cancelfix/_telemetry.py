@@ -145,7 +145,9 @@ def lease_lost_span(task_id: str) -> Any:
     """Start the span of a cancel of a run here whose replica lost its lease (None when off)."""
     if not ENABLED:
         return None
-    return _tracer.start_span(f"{PREFIX}.lease_lost_cancel", attributes={f"{PREFIX}.task_id": task_id})
+    span = _tracer.start_span(f"{PREFIX}.lease_lost_cancel")
+    span.set_attribute(f"{PREFIX}.task_id", task_id)
+    return span
 
 
 def lease_lapsed_span(task_id: str, replica_id: str) -> Any:
@@ -153,8 +155,9 @@ def lease_lapsed_span(task_id: str, replica_id: str) -> Any:
     renewing its lease (None when off)."""
     if not ENABLED:
         return None
-    attributes = {f"{PREFIX}.task_id": task_id, f"{PREFIX}.lease.replica_id": replica_id}
-    return _tracer.start_span(f"{PREFIX}.lease_lapsed", attributes=attributes)
+    span = _tracer.start_span(f"{PREFIX}.lease_lapsed")
+    span.set_attributes({f"{PREFIX}.task_id": task_id, f"{PREFIX}.lease.replica_id": replica_id})
+    return span
 
 
 def lease_lapsed(span: Any, outcome: str) -> None:

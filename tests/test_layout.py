@@ -123,6 +123,8 @@ def test_the_handlers_constructor_has_no_test_hook() -> None:
         "cancel_unwatched_after",
         "cancel_unwatched_parked",
         "shutdown_drain_time",
+        "lease_time",
+        "sole_replica",
     }
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -455,3 +456,75 @@ async def test_a_run_still_going_at_shutdown_is_cancelled_in_a_span_of_its_own(r
     assert ours(span)["cancel.path"] == "shutdown" and ours(span)["cancel.outcome"] == "CANCELED"
     assert steps(span) == LOCAL_STEPS
     assert counts["a2a_cancelfix.cancels"] == {frozenset({("path", "shutdown"), ("outcome", "CANCELED")}): 1}
+
+
+@pytest.mark.asyncio
+async def test_a_lost_lease_and_a_lapsed_one_each_have_a_span_of_their_own(
+    recorder: Recorder, tmp_path: Path
+) -> None:
+    """A replica that cannot renew its lease cancels its run in a span of its own (path
+    ``lease_lost``); a survivor's end of a task whose replica's lease lapsed is a span of its
+    own too, with its outcome, and counted."""
+    from .test_liveness import BOUND, LEASE, Cut, Reader, replica, until
+    from .test_store import open_database
+
+    async with open_database("sqlite", tmp_path) as database:
+        with recorder.armed():
+            engine = database.engine()
+            cut = Cut(engine)
+            runner, survivor = replica("ours", engine), replica("ours", database.engine())
+            await start(runner)
+            lapsed = await _a_dead_replicas_task(Reader(database), LEASE)
+            await survivor.calls.get(lapsed, "alice")
+            cut.on = True
+
+            def ended() -> list[ReadableSpan]:
+                spans = named(recorder.spans(), "a2a_cancelfix.lease_lapsed")
+                return [span for span in spans if ours(span)["task_id"] == lapsed]
+
+            assert await until(ended, BOUND)
+            assert await until(lambda: named(recorder.spans(), "a2a_cancelfix.lease_lost_cancel"), BOUND)
+            spans, counts = recorder.spans(), recorder.counts()
+            cut.on = False
+            for server in (runner, survivor):
+                await server.handler.aclose()
+    lost = the(spans, "a2a_cancelfix.lease_lost_cancel")
+    assert ours(lost)["cancel.path"] == "lease_lost" and ours(lost)["cancel.outcome"] == "CANCELED"
+    assert steps(lost) == LOCAL_STEPS
+    (end,) = (span for span in named(spans, "a2a_cancelfix.lease_lapsed") if ours(span)["task_id"] == lapsed)
+    assert ours(end)["lease.outcome"] == "FAILED" and ours(end)["lease.replica_id"] == "gone"
+    assert counts["a2a_cancelfix.lease_lapsed"] == {frozenset(): 1}
+
+
+async def _a_dead_replicas_task(reader: Any, lease: float) -> str:
+    """A task WORKING in the store, leased by a replica whose lease is never renewed."""
+    import uuid
+
+    import sqlalchemy as sa
+    from a2a.types import Task, TaskState, TaskStatus
+
+    from a2a_cancelfix._liveness import REPLICAS, RUNS
+    from a2a_cancelfix.testing import caller
+
+    task_id = uuid.uuid4().hex
+    working = Task(id=task_id, context_id="ctx", status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
+    await reader.store.save(working, caller("alice"))
+    async with reader.engine.begin() as connection:
+        await connection.run_sync(lambda sync: _lease_tables().create_all(sync))
+        await connection.execute(
+            sa.text(f"INSERT INTO {REPLICAS} (replica_id, beat, lease_ms) VALUES ('gone', 0, :ms)"),
+            {"ms": round(lease * 1000)},
+        )
+        await connection.execute(
+            sa.text(
+                f"INSERT INTO {RUNS} (store, task_id, replica_id, owner) VALUES ('tasks', :t, 'gone', 'alice')"
+            ),
+            {"t": task_id},
+        )
+    return task_id
+
+
+def _lease_tables() -> Any:
+    from a2a_cancelfix._liveness import _Tables
+
+    return _Tables().metadata
