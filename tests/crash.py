@@ -258,7 +258,13 @@ class Replica:
     async def terminate(self) -> None:
         """SIGTERM, as a rolling deploy sends it; wait for it to exit."""
         self.process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(self.process.wait(), EXIT)
+        try:
+            await asyncio.wait_for(self.process.wait(), EXIT)
+        except asyncio.TimeoutError:
+            self.process.kill()
+            raise AssertionError(
+                f"not exited {EXIT:g} s after SIGTERM:\n{self.log.read_text()[-3000:]}"
+            ) from None
         self.died_at = time.time()
 
     async def stop(self) -> None:

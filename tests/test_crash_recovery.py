@@ -277,7 +277,8 @@ class Chaos:
             )
             self.thawing.append(thawing)
             return
-        self.actions.append(f"{action} r{index}")
+        cut_off = "" if self.proxies[index].flowing.is_set() else " (cut off)"
+        self.actions.append(f"{action} r{index}{cut_off}")
         self.slots[index] = None
         await (replica.kill() if action == "kill" else replica.terminate())
         assert replica.died_at is not None
