@@ -261,9 +261,12 @@ class Replica:
         try:
             await asyncio.wait_for(self.process.wait(), EXIT)
         except asyncio.TimeoutError:
+            self.process.send_signal(signal.SIGUSR1)  # Its tasks' stacks, to its log.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.process.wait(), 2)
             self.process.kill()
             raise AssertionError(
-                f"not exited {EXIT:g} s after SIGTERM:\n{self.log.read_text()[-3000:]}"
+                f"not exited {EXIT:g} s after SIGTERM:\n{self.log.read_text()[-12000:]}"
             ) from None
         self.died_at = time.time()
 

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -158,8 +159,15 @@ async def serve(url: str, schema: str | None) -> None:
     config = uvicorn.Config(build(url, schema), log_level="warning", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     threading.Thread(target=_exit_when_stdin_closes, args=(server,), daemon=True).start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _print_tasks)
     print(f"READY {sock.getsockname()[1]}", flush=True)
     await server.serve(sockets=[sock])
+
+
+def _print_tasks() -> None:
+    """At SIGUSR1, where each of the loop's tasks waits: what a test prints of a replica that hangs."""
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=8, file=sys.stderr)
 
 
 def _exit_when_stdin_closes(server: uvicorn.Server) -> None:

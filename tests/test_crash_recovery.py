@@ -270,6 +270,7 @@ class Chaos:
             if not self.proxies[index].flowing.is_set():
                 return
             self.actions.append(f"freeze r{index}")
+            print(f"{time.strftime('%H:%M:%S')} {self.actions[-1]}", flush=True)
             self.proxies[index].freeze()
             # The cut's length is the chaos; other chaos goes on meanwhile.
             thawing = asyncio.get_running_loop().call_later(
@@ -279,6 +280,7 @@ class Chaos:
             return
         cut_off = "" if self.proxies[index].flowing.is_set() else " (cut off)"
         self.actions.append(f"{action} r{index}{cut_off}")
+        print(f"{time.strftime('%H:%M:%S')} {self.actions[-1]}", flush=True)
         self.slots[index] = None
         await (replica.kill() if action == "kill" else replica.terminate())
         assert replica.died_at is not None
