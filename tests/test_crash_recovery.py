@@ -147,6 +147,36 @@ async def test_sigterm_drains_then_cancels_what_runs(handler: str, tmp_path: Pat
         assert await world.lease_rows() == (1, {own})  # The survivor's alone.
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("handler", ["stock", "ours"])
+async def test_sigterm_while_cut_off_from_the_store_exits_and_a_survivor_ends_the_task(
+    handler: str, tmp_path: Path
+) -> None:
+    """SIGTERM of a replica whose connections to PostgreSQL are frozen: it exits all the same
+    (its store unreachable, it cannot end its task); ours' survivor ends the task FAILED within
+    the bound, pushed once. Stock exits too, and the task stays WORKING."""
+    environment = options(handler, "postgres", A2ACF_DRAIN="1")
+    async with shared("postgresql", tmp_path) as world, client() as c, Proxy() as proxy:
+        a = await Replica.start(world, "a", proxy, **environment)
+        b = await Replica.start(world, "b", **environment)
+        try:
+            _, task_id = await c.working(a)
+            _, own = await c.working(b)
+            proxy.freeze()
+            frozen_at = time.time()
+            await a.terminate()
+            if handler == "stock":
+                await holds(world.states, lambda states: states[task_id] == "WORKING", BOUND)
+                return
+            await poll(world.states, lambda states: states[task_id] == "FAILED", BOUND)
+            ended_by_lease(await world.history(task_id), frozen_at)
+            await c.pushed_once(task_id, "FAILED")
+            assert (await world.states())[own] == "WORKING"
+        finally:
+            proxy.thaw()
+            await asyncio.gather(a.stop(), b.stop())
+
+
 SOLE_BOUND = 10.0  # From a process's start to its sweep's end, on a loaded machine.
 
 
