@@ -202,11 +202,11 @@ class Leases:
         fence's own timer (`_renewed`), not by this one's."""
         loop = asyncio.get_running_loop()
         due = loop.time()
-        while True:
-            if self._attempt is None or self._attempt.done():
-                self._attempt = in_background(self._renew(loop.time()))
+        while True:  # The registration was the first beat.
             due += self.period
             await asyncio.sleep(max(due - loop.time(), 0.0))
+            if self._attempt is None or self._attempt.done():
+                self._attempt = in_background(self._renew(loop.time()))
 
     async def _renew(self, sent: float) -> None:
         try:

@@ -97,6 +97,9 @@ def replica(
     return make_server(kind, executor or ScriptedExecutor(), store=DatabaseTaskStore(engine), **options)
 
 
+_DEAD_LOOPS: list[asyncio.AbstractEventLoop] = []
+
+
 class Elsewhere:
     """A replica's own event loop, in a thread: a process of its own, to the database.
 
@@ -141,9 +144,10 @@ class Elsewhere:
         if pending:
             self.loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        # Not closed: a statement the driver's thread had begun may still hand its outcome to
-        # the loop, which a closed one refuses (an error in that thread, reported by the next
-        # test). The collector closes it.
+        # Neither closed nor collected (which closes it): a statement the driver's thread had
+        # begun may still hand its outcome to the loop, which a closed one refuses (an error in
+        # that thread, which pytest reports in whichever test runs then).
+        _DEAD_LOOPS.append(self.loop)
 
     async def call(self, work: Coroutine[Any, Any, T], seconds: float = 10.0) -> T:
         """Run ``work`` on this replica's loop; its outcome, within ``seconds``."""
@@ -164,7 +168,8 @@ class Elsewhere:
         assert await asyncio.to_thread(self._stopped.wait, 10.0)
 
     async def bury(self) -> None:
-        """After the test: cancel what the loop left, in its own thread, and close it."""
+        """After the checks (it runs the dead replica's code again): cancel what the loop left,
+        in its own thread."""
         if not self._stopped.is_set():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._buried.set()
@@ -619,31 +624,37 @@ async def test_a_restarted_sole_server_ends_what_its_previous_process_left_runni
         leased = await run_elsewhere(place, previous)
         assert await reader.reaches(leased, WORKING)
         await place.die()
-    working, submitted = await _saved(reader, WORKING), await _saved(reader, TaskState.TASK_STATE_SUBMITTED)
-    parked, completed = await _saved(reader, INPUT_REQUIRED), await _saved(reader, COMPLETED)
-    restarted = replica(kind.partition(",")[0], database.engine(), sole_replica=kind.endswith("sole_replica"))
-    await restarted.calls.get(parked, "alice")  # Its first request.
-    started = time.monotonic()
-    if kind == "stock":
-        assert not await reader.reaches(leased, FAILED, ENDED_WITHIN)
-        ended: set[str] = set()
-    elif kind == "ours":
-        assert await reader.reaches(leased, FAILED, BOUND)
-        assert time.monotonic() - started >= LEASE * 0.9  # The first sighting starts the clock.
-        ended = {leased}
-    else:
-        ended = {leased, working, submitted}  # Already: the first request waited for them.
-    for task_id, state in [
-        (leased, WORKING),
-        (working, WORKING),
-        (submitted, TaskState.TASK_STATE_SUBMITTED),
-        (parked, INPUT_REQUIRED),
-        (completed, COMPLETED),
-    ]:
-        assert await reader.state(task_id) == (FAILED if task_id in ended else state)
-    if kind != "stock":
-        assert status_text(await reader.task(leased)) == LAPSED
-        await restarted.handler.aclose()
+        # Within the block: the dead loop is cleaned up (its code run) only after the checks.
+        working, submitted = (
+            await _saved(reader, WORKING),
+            await _saved(reader, TaskState.TASK_STATE_SUBMITTED),
+        )
+        parked, completed = await _saved(reader, INPUT_REQUIRED), await _saved(reader, COMPLETED)
+        restarted = replica(
+            kind.partition(",")[0], database.engine(), sole_replica=kind.endswith("sole_replica")
+        )
+        await restarted.calls.get(parked, "alice")  # Its first request.
+        started = time.monotonic()
+        if kind == "stock":
+            assert not await reader.reaches(leased, FAILED, ENDED_WITHIN)
+            ended: set[str] = set()
+        elif kind == "ours":
+            assert await reader.reaches(leased, FAILED, BOUND)
+            assert time.monotonic() - started >= LEASE * 0.9  # The first sighting starts the clock.
+            ended = {leased}
+        else:
+            ended = {leased, working, submitted}  # Already: the first request waited for them.
+        for task_id, state in [
+            (leased, WORKING),
+            (working, WORKING),
+            (submitted, TaskState.TASK_STATE_SUBMITTED),
+            (parked, INPUT_REQUIRED),
+            (completed, COMPLETED),
+        ]:
+            assert await reader.state(task_id) == (FAILED if task_id in ended else state)
+        if kind != "stock":
+            assert status_text(await reader.task(leased)) == LAPSED
+            await restarted.handler.aclose()
 
 
 @pytest.mark.parametrize("store", ["database, lease_time=None", "in memory"])
