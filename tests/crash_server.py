@@ -14,7 +14,8 @@ the environment:
   called and as it stops: ``<time.time()> <pid> start|cancel|stop <task id>``.
 
 Push configs live in the shared database, so any replica can push for any task. The
-``a2a_cancelfix`` logger's INFO lines (each cancel, each refused save) go to standard error. A message
+``a2a_cancelfix`` logger's INFO lines (each cancel, each refused save) go to standard error,
+and at SIGUSR1 where each of the loop's tasks waits. A message
 saying "park" asks for input and returns; any other works in steps until it is cancelled.
 """
 
