@@ -1,4 +1,4 @@
-"""Run every benchmark: `python benchmarks/run.py [--quick]` (replicas needs PostgreSQL on 127.0.0.1)."""
+"""Run every benchmark: `python benchmarks/run.py [--quick]` (replicas and lease_cost need PostgreSQL on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import bytecodes
 import cancel_latency
 import checkpoint_cost
 import hot_path
+import lease_cost
 import mass_cancel
 import replicas
 
@@ -31,6 +32,7 @@ def main() -> None:
         checkpoint_cost,
         mass_cancel,
         replicas,
+        lease_cost,
     ):
         benchmark.main(quick)
 

@@ -62,5 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "soak: a minute of chaos, run by nox on the newest a2a-sdk release only (noxfile.py says why)",
+    )
+    config.addinivalue_line(
+        "markers",
         "frameworks: needs the frameworks `nox -s frameworks` installs (that session runs them)",
     )
