@@ -223,7 +223,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 goes on behind the answer).
         """
         if self._leases_due:
-            await self._begin_leases()
+            await DefaultRequestHandler._begin_leases(self)
         return await self._lifecycle.request(params.id, context)
 
     @_telemetry.traced_as_sdk
@@ -231,7 +231,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """Get a task, as the SDK does; its owner's read stops its unwatched clock (see
         ``cancel_unwatched_after``)."""
         if self._leases_due:
-            await self._begin_leases()
+            await DefaultRequestHandler._begin_leases(self)
         task = await _sdk_get(self, params, context)
         watchers = self._lifecycle.watchers
         if watchers is not None and task is not None:
@@ -332,7 +332,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if not self._exit_watched:
             DefaultRequestHandler._watch_exit_signal(self)
         if self._leases_due:
-            await self._begin_leases()
+            await DefaultRequestHandler._begin_leases(self)
         if self._remote.must_listen:
             self._remote.listen()
         watchers = self._lifecycle.watchers
@@ -390,7 +390,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if not self._exit_watched:
             DefaultRequestHandler._watch_exit_signal(self)
         if self._leases_due:
-            await self._begin_leases()
+            await DefaultRequestHandler._begin_leases(self)
         if self._remote.must_listen:
             self._remote.listen()
         lifecycle, message = self._lifecycle, params.message
@@ -467,7 +467,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         """
         _sdk.check_streaming(self)
         if self._leases_due:
-            await self._begin_leases()
+            await DefaultRequestHandler._begin_leases(self)
         task = await self._lifecycle.read(params.id, context)
         if task is None:
             raise TaskNotFoundError

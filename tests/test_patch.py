@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from a2a.server.request_handlers import DefaultRequestHandlerV2
-from a2a.server.tasks import InMemoryTaskStore
+from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
 from a2a.types import SendMessageRequest, UnsupportedOperationError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import a2a_cancelfix
 from a2a_cancelfix import FinalStateTaskStore, _sdk
@@ -259,3 +261,35 @@ def test_patch_puts_every_method_our_handler_overrides() -> None:
         name for name in ours if (name.startswith("on_") or name == "aclose") and callable(ours[name])
     }
     assert overridden == set(patching._METHODS)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["blocking", "streaming"])
+@pytest.mark.asyncio
+async def test_a_handler_built_under_patch_over_a_database_store_leases_its_runs(
+    patched: None, streamed: bool, tmp_path: Path
+) -> None:
+    """Under patch() the SDK's class, over a database store, begins its lease at its first
+    request and serves it (it called a method of our class alone: AttributeError, an
+    InternalError to the client): a run streamed is leased, read and cancelled; a blocking
+    one completes."""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}")
+    executor = ScriptedExecutor()
+    handler = DefaultRequestHandlerV2(**{**arguments(executor), "task_store": DatabaseTaskStore(engine)})
+    server = served(handler, executor)
+    try:
+        if not streamed:
+            executor.step.open()
+            sent = await within(server.calls.send(SendMessageRequest(message=message("go")), "alice"))
+            assert _sdk.state_name(sent.status.state) == "COMPLETED"
+            return
+        stream = await start(server)
+        task_id = executor.task_id or ""
+        async with engine.connect() as connection:
+            leased = (await connection.execute(text("SELECT task_id FROM a2a_cancelfix_runs"))).scalars()
+            assert leased.all() == [task_id]
+        assert (await within(server.calls.get(task_id, "alice"))).id == task_id
+        assert await cancel(server, task_id) == "CANCELED"
+        assert await within(stream.ended()) and stream.last == "CANCELED"
+    finally:
+        await within(handler.aclose())
+        await engine.dispose()
