@@ -112,9 +112,10 @@ class RemoteCancels:
         if self._listens or (poll is not None and not told_directly):
             self._look()
         self._parked_looks: asyncio.TimerHandle | None = None
-        # Tasks a save of whose was refused over a stored end, the last ones, oldest first:
-        # read (for every stream's end) to tell whether `as_stored` has anything to do.
-        self.refused_tasks: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # Tasks a save of whose was refused over a stored end, the last ones, oldest first,
+        # each with the refused save's caller (who may read it): read for every stream's end
+        # and push to tell whether `as_stored` has anything to do.
+        self.refused_tasks: collections.OrderedDict[str, ServerCallContext] = collections.OrderedDict()
         # Subscriptions served from the store here, by task: each is woken by a notice.
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Future[None] | None = None
@@ -155,10 +156,11 @@ class RemoteCancels:
         elif task_id in lifecycle.parked:
             in_background(self._end_parked_if_cancelled(task_id))
 
-    def refused(self, task_id: str) -> None:
-        """The store refused a save of ``task_id`` over the end it holds: look now, and let
-        what this replica streams of the task end on that end (see `as_stored`)."""
-        self.refused_tasks[task_id] = None
+    def refused(self, task_id: str, caller: ServerCallContext) -> None:
+        """The store refused a save of ``task_id`` (by ``caller``) over the end it holds: look
+        now, and let what this replica streams and pushes of the task end on that end (see
+        `as_stored`)."""
+        self.refused_tasks[task_id] = caller
         self.refused_tasks.move_to_end(task_id)
         if len(self.refused_tasks) > _REFUSALS_KEPT:
             self.refused_tasks.popitem(last=False)
