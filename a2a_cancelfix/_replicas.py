@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import math
 from collections.abc import AsyncGenerator, Mapping
@@ -21,7 +20,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix._aio import in_background, wait_set
+from a2a_cancelfix._aio import deadline_in, in_background, wait_done, wait_set
 from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix._unwatched import WATCHED
 from a2a_cancelfix.notices import LocalNotices, keep_listening
@@ -41,6 +40,9 @@ Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
 _REFUSALS_KEPT = 10_000
+
+# Seconds `aclose` waits for the cancelled listener to end (it hands its connection back).
+LISTENER_STOP = 2.0
 
 
 class Watched(Protocol):
@@ -235,8 +237,12 @@ class RemoteCancels:
         self.must_listen = self._listens
         if listener is not None:
             listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            if not await wait_done(listener, deadline_in(LISTENER_STOP)):
+                logger.warning(
+                    "the listener for cancels (%s) did not stop within %g s of aclose(); left behind",
+                    type(self.notices).__name__,
+                    LISTENER_STOP,
+                )
 
     def _heard(self) -> None:
         """Listening (again): stop polling, and look once at every task here, in case."""

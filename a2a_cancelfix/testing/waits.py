@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from a2a_cancelfix._aio import bounded
 from a2a_cancelfix.testing._clock import VirtualTimeLoop
 
 T = TypeVar("T")
@@ -37,7 +38,7 @@ class Gate:
 
 async def within(awaitable: Awaitable[Any], seconds: float = BOUND) -> Any:
     """Fail fast instead of hanging when a bug keeps something waiting forever."""
-    return await asyncio.wait_for(awaitable, seconds)
+    return await bounded(awaitable, seconds)
 
 
 class Changes:
@@ -173,7 +174,7 @@ def _others_blocked() -> bool:
 async def answer_or_hang(call: Awaitable[str], seconds: float) -> str:
     """What ``call`` answers, or ``HANG`` when it has not answered within ``seconds``."""
     try:
-        return await asyncio.wait_for(call, seconds)
+        return await bounded(call, seconds)
     except asyncio.TimeoutError:
         return "HANG"
 
