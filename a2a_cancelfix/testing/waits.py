@@ -8,7 +8,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from a2a_cancelfix._aio import bounded
 from a2a_cancelfix.testing._clock import VirtualTimeLoop
 
 T = TypeVar("T")
@@ -38,7 +37,8 @@ class Gate:
 
 async def within(awaitable: Awaitable[Any], seconds: float = BOUND) -> Any:
     """Fail fast instead of hanging when a bug keeps something waiting forever."""
-    return await bounded(awaitable, seconds)
+    # wait_for, not _aio.bounded: the sweeps' rows are timed in loop turns taken with its task.
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 class Changes:
@@ -174,7 +174,7 @@ def _others_blocked() -> bool:
 async def answer_or_hang(call: Awaitable[str], seconds: float) -> str:
     """What ``call`` answers, or ``HANG`` when it has not answered within ``seconds``."""
     try:
-        return await bounded(call, seconds)
+        return await asyncio.wait_for(call, seconds)
     except asyncio.TimeoutError:
         return "HANG"
 
