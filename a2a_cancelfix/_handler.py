@@ -189,7 +189,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         self._pushes: BackgroundPushSender | None = None
         if arguments.arguments.get("push_sender") is not None:
-            self._pushes = BackgroundPushSender(arguments.arguments["push_sender"])
+            self._pushes = BackgroundPushSender(arguments.arguments["push_sender"], self._lifecycle)
             arguments.arguments["push_sender"] = self._pushes
         # What the SDK warns of here (no event_stream, a queue_manager) is about the caller's
         # arguments: said again at the caller's line, not at this one.

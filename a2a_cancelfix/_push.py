@@ -4,6 +4,10 @@ The SDK's consumer of a run's events sends each push notification before it take
 event: a webhook that takes seconds to answer holds back the run's later events, CANCELED
 included, from the store and every stream, past any cancel's bound. Our handler hands the SDK
 a `BackgroundPushSender` around the sender it is given instead.
+
+The SDK pushes each event whether or not the store saved it: a run's end that the store
+refused (another replica ended the task first) would announce an end the task never had.
+Such an end is handed on as the end the store holds (see `RemoteCancels.as_stored`).
 """
 
 from __future__ import annotations
@@ -11,13 +15,25 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from a2a.server.tasks import PushNotificationSender
+from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix._aio import in_background, wait_done
+from a2a_cancelfix._sdk import TERMINAL_STATES
+
+if TYPE_CHECKING:
+    from a2a_cancelfix._replicas import RemoteCancels
 
 logger = logging.getLogger("a2a_cancelfix")
+
+
+class Refusals(Protocol):
+    """Where the handler's look-out for refused saves is, once the handler is built (a `Lifecycle`)."""
+
+    @property
+    def remote(self) -> RemoteCancels | None: ...
 
 
 class BackgroundPushSender(PushNotificationSender):
@@ -27,12 +43,18 @@ class BackgroundPushSender(PushNotificationSender):
     their order, and a slow receiver delays only the pushes of its own task. As the SDK's own
     sender, a failure is logged and never reaches the run.
 
+    A terminal event of a task a save of whose the store refused is sent as the end the store
+    holds: the same end passes as it is (a remote cancel's CANCELED, which only the replica
+    running the task pushes); another one is replaced by the stored end, never sent.
+
     Args:
         sender: the push sender the handler was given.
+        refusals: what tells the tasks whose save the store refused, and their stored ends.
     """
 
-    def __init__(self, sender: PushNotificationSender) -> None:
+    def __init__(self, sender: PushNotificationSender, refusals: Refusals) -> None:
         self.sender = sender
+        self._refusals = refusals
         self._waiting: dict[str, collections.deque[Any]] = {}
         self._workers: dict[str, asyncio.Future[None]] = {}
 
@@ -65,7 +87,11 @@ class BackgroundPushSender(PushNotificationSender):
         try:
             while waiting:
                 try:
-                    await self.sender.send_notification(task_id, waiting[0])
+                    event = waiting[0]
+                    remote = self._refusals.remote
+                    if remote is not None and remote.refused_tasks:  # Empty unless a save was refused.
+                        event = await _as_stored(remote, task_id, event)
+                    await self.sender.send_notification(task_id, event)
                 except Exception:
                     logger.exception("push notification sender raised for task %s", task_id)
                 waiting.popleft()
@@ -74,3 +100,13 @@ class BackgroundPushSender(PushNotificationSender):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sender, name)  # What else the SDK or its user reads of the sender.
+
+
+async def _as_stored(remote: RemoteCancels, task_id: str, event: Any) -> Any:
+    """``event``, or for the end of a task whose save was refused, the end the store holds."""
+    caller = remote.refused_tasks.get(task_id)
+    if caller is None or not isinstance(event, (Task, TaskStatusUpdateEvent)):
+        return event
+    if event.status.state not in TERMINAL_STATES:
+        return event
+    return await remote.as_stored(event, caller)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import math
 from collections.abc import AsyncGenerator, Mapping
@@ -21,7 +20,7 @@ from a2a.server.agent_execution import RequestContext
 from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _sdk
-from a2a_cancelfix._aio import in_background, wait_set
+from a2a_cancelfix._aio import deadline_in, in_background, wait_done, wait_set
 from a2a_cancelfix._cancel.settings import DEFAULT_POLL_INTERVAL
 from a2a_cancelfix._unwatched import WATCHED
 from a2a_cancelfix.notices import LocalNotices, keep_listening
@@ -41,6 +40,9 @@ Ending = TypeVar("Ending", Task, TaskStatusUpdateEvent)
 
 # How many tasks with a refused save a handler remembers, to end their streams on the store's end.
 _REFUSALS_KEPT = 10_000
+
+# Seconds `aclose` waits for the cancelled listener to end (it hands its connection back).
+LISTENER_STOP = 2.0
 
 
 class Watched(Protocol):
@@ -112,9 +114,10 @@ class RemoteCancels:
         if self._listens or (poll is not None and not told_directly):
             self._look()
         self._parked_looks: asyncio.TimerHandle | None = None
-        # Tasks a save of whose was refused over a stored end, the last ones, oldest first:
-        # read (for every stream's end) to tell whether `as_stored` has anything to do.
-        self.refused_tasks: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # Tasks a save of whose was refused over a stored end, the last ones, oldest first,
+        # each with the refused save's caller (who may read it): read for every stream's end
+        # and push to tell whether `as_stored` has anything to do.
+        self.refused_tasks: collections.OrderedDict[str, ServerCallContext] = collections.OrderedDict()
         # Subscriptions served from the store here, by task: each is woken by a notice.
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Future[None] | None = None
@@ -155,10 +158,11 @@ class RemoteCancels:
         elif task_id in lifecycle.parked:
             in_background(self._end_parked_if_cancelled(task_id))
 
-    def refused(self, task_id: str) -> None:
-        """The store refused a save of ``task_id`` over the end it holds: look now, and let
-        what this replica streams of the task end on that end (see `as_stored`)."""
-        self.refused_tasks[task_id] = None
+    def refused(self, task_id: str, caller: ServerCallContext) -> None:
+        """The store refused a save of ``task_id`` (by ``caller``) over the end it holds: look
+        now, and let what this replica streams and pushes of the task end on that end (see
+        `as_stored`)."""
+        self.refused_tasks[task_id] = caller
         self.refused_tasks.move_to_end(task_id)
         if len(self.refused_tasks) > _REFUSALS_KEPT:
             self.refused_tasks.popitem(last=False)
@@ -233,8 +237,12 @@ class RemoteCancels:
         self.must_listen = self._listens
         if listener is not None:
             listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+            if not await wait_done(listener, deadline_in(LISTENER_STOP)):
+                logger.warning(
+                    "the listener for cancels (%s) did not stop within %g s of aclose(); left behind",
+                    type(self.notices).__name__,
+                    LISTENER_STOP,
+                )
 
     def _heard(self) -> None:
         """Listening (again): stop polling, and look once at every task here, in case."""

@@ -18,7 +18,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from a2a_cancelfix._aio import checked_seconds, in_background
+from a2a_cancelfix._aio import being_cancelled, bounded, checked_seconds, in_background
 
 __all__ = ["CancelNotices", "PostgresNotices", "RedisNotices"]
 
@@ -70,7 +70,7 @@ class CancelNotices(abc.ABC):
     async def tell(self, notice: str) -> None:
         """Send ``notice`` to every replica, outside any cancel (what a replica watches)."""
         try:
-            await asyncio.wait_for(self._send(notice), self.heartbeat)
+            await bounded(self._send(notice), self.heartbeat)
         except Exception:  # Lost, it costs a watched task no more than its next announcement.
             logger.warning("could not send a notice on %s", type(self).__name__, exc_info=True)
 
@@ -249,9 +249,9 @@ class PostgresNotices(CancelNotices):
         yield None
         while True:
             try:
-                item = await asyncio.wait_for(ids.get(), self.heartbeat)
+                item = await bounded(ids.get(), self.heartbeat)
             except asyncio.TimeoutError:
-                await asyncio.wait_for(connection.execute("SELECT 1"), self.heartbeat)
+                await bounded(connection.execute("SELECT 1"), self.heartbeat)
                 continue
             if isinstance(item, BaseException):
                 raise item
@@ -286,7 +286,7 @@ class RedisNotices(CancelNotices):
 
     async def _publish(self, task_id: str) -> None:
         try:
-            await asyncio.wait_for(self.client.publish(self.channel, task_id), self.heartbeat)
+            await bounded(self.client.publish(self.channel, task_id), self.heartbeat)
         except Exception:  # The cancel is recorded: losing its notice must not fail it.
             logger.warning(
                 "could not announce the cancel of task %s on Redis; the replica running it "
@@ -362,12 +362,18 @@ async def keep_listening(
     listening: Callable[[], None],
     lost: Callable[[], None],
 ) -> None:
-    """Listen until cancelled; after each loss call ``lost`` and listen again, backing off."""
+    """Listen until cancelled; after each loss call ``lost`` and listen again, backing off.
+
+    A cancel that a library below swallowed (a notice came in the same loop turn) still ends
+    the listening, at the next notice or heartbeat.
+    """
     failures = 0
     while True:
         try:
             async with notices.listen() as ids:
                 async for task_id in ids:
+                    if being_cancelled():
+                        raise asyncio.CancelledError
                     if task_id is None:
                         failures = 0
                         listening()
@@ -381,6 +387,8 @@ async def keep_listening(
                 type(notices).__name__,
                 exc_info=True,
             )
+        if being_cancelled():
+            raise asyncio.CancelledError
         lost()
         await asyncio.sleep(RETRY_AFTER[min(failures, len(RETRY_AFTER) - 1)])
         failures += 1

@@ -90,7 +90,7 @@ class FinalStateTaskStore(TaskStore):
             self.__class__ = _versioned_class(type(self))
         self.wrapped = store
         self.notices = notices_for(store, notices)
-        self._told_refused: list[Callable[[str], None]] = []  # See `subscribe`.
+        self._told_refused: list[Callable[[str, ServerCallContext], None]] = []  # See `subscribe`.
         self._told_saved: list[Callable[[str], None]] = []
         self._guarded = self._guard(store)
         # The SDK saves every event and reads the task on every request: bound here, each is
@@ -106,7 +106,7 @@ class FinalStateTaskStore(TaskStore):
             write = _database_write(store, self._announce_in)
 
             async def save(task: Task, context: ServerCallContext) -> None:
-                await self._saved(task, await write(task, context))
+                await self._saved(task, await write(task, context), context)
 
             return save
         if isinstance(store, InMemoryTaskStore):
@@ -117,12 +117,16 @@ class FinalStateTaskStore(TaskStore):
         )
 
     def subscribe(
-        self, *, refused: Callable[[str], None] | None = None, saved: Callable[[str], None] | None = None
+        self,
+        *,
+        refused: Callable[[str, ServerCallContext], None] | None = None,
+        saved: Callable[[str], None] | None = None,
     ) -> Callable[[], None]:
         """Be told a task's id: ``refused``, for each save refused over the end it holds (another
-        replica ended the task); ``saved``, after each save, written or refused (for waits on
-        what the store shows). Returns what ends the subscription."""
-        told = [
+        replica ended the task), with the context of the refused save (whose owner may read
+        the task); ``saved``, after each save, written or refused (for waits on what the
+        store shows). Returns what ends the subscription."""
+        told: list[tuple[list[Any], Any]] = [
             (listeners, listener)
             for listeners, listener in ((self._told_refused, refused), (self._told_saved, saved))
             if listener is not None
@@ -142,11 +146,11 @@ class FinalStateTaskStore(TaskStore):
         # What a subclass's save reaches through super(); the store's own is bound in __init__.
         return self._guarded(task, context)  # type: ignore[no-any-return]
 
-    async def _saved(self, task: Task, stored: int | None) -> None:
+    async def _saved(self, task: Task, stored: int | None, context: ServerCallContext) -> None:
         """After a guarded write (``stored``: the terminal state that refused it, or None):
         announce a recorded cancel, or report the refusal."""
         if stored is not None:
-            self._refused(task, stored)
+            self._refused(task, stored, context)
         elif task.status.state == CANCELED and self.notices is not None:
             await self.notices.announce(task.id)
         self._tell_saved(task)
@@ -155,10 +159,10 @@ class FinalStateTaskStore(TaskStore):
         for saved in self._told_saved:
             saved(task.id)
 
-    def _refused(self, task: Task, stored: int) -> None:
+    def _refused(self, task: Task, stored: int, context: ServerCallContext) -> None:
         """Tell our handler, and log, that a save over the ended task was refused."""
         for refused in self._told_refused:
-            refused(task.id)
+            refused(task.id, context)
         _telemetry.save_refused(task.id, TaskState.Name(stored), TaskState.Name(task.status.state))
         logger.log(
             _refusal_level(stored, task.status.state),
@@ -329,7 +333,7 @@ def _memory_save(store: InMemoryTaskStore, guard: FinalStateTaskStore) -> _Save:
                 else:
                     owned[task_id] = task
         if stored is not None or announcing or (local is not None and local.shared):
-            await guard._saved(task, stored)
+            await guard._saved(task, stored, context)
         elif guard._told_saved:
             guard._tell_saved(task)
 
@@ -451,7 +455,7 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
                     break
                 except _Refused as refused:
                     self._tell_saved(task)
-                    return self._refused_versioned(task, refused)
+                    return self._refused_versioned(task, refused, context)
                 except DBAPIError as error:
                     if not _sdk.is_transient(error) or attempts >= most:
                         raise
@@ -461,8 +465,8 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
             self._tell_saved(task)
             return version
 
-        def _refused_versioned(self, task: Task, refused: _Refused) -> Any:
-            self._refused(task, refused.state)
+        def _refused_versioned(self, task: Task, refused: _Refused, context: ServerCallContext) -> Any:
+            self._refused(task, refused.state, context)
             state = task.status.state
             if state in TERMINAL_STATES and state != refused.state:
                 # Another end than the stored one: the SDK's signal to reload and tell its

@@ -485,7 +485,7 @@ async def test_a_recorded_cancel_is_announced_and_a_refused_save_told(database: 
     sdk_store = VersionedDatabaseTaskStore(database.engine())
     store = FinalStateTaskStore(sdk_store, notices=notices)
     told: list[str] = []
-    store.subscribe(refused=told.append)
+    store.subscribe(refused=lambda task_id, _caller: told.append(task_id))
     alice, working, canceled = caller("alice"), task_in(WORKING), task_in(CANCELED)
     version = await store.save(
         working, event=None, prev=None, prev_version=TaskVersion.MISSING, context=alice

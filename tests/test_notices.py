@@ -25,8 +25,8 @@ import pytest_asyncio
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
 from a2a.types import Artifact, Part, TaskArtifactUpdateEvent
 
-from a2a_cancelfix import FinalStateTaskStore, _sdk
-from a2a_cancelfix.notices import CancelNotices, PostgresNotices, RedisNotices
+from a2a_cancelfix import FinalStateTaskStore, _replicas, _sdk
+from a2a_cancelfix.notices import CancelNotices, PostgresNotices, RedisNotices, keep_listening
 from a2a_cancelfix.testing import (
     Changes,
     Gate,
@@ -643,3 +643,115 @@ async def test_with_redis_gone_while_listening_polling_keeps_its_interval(tmp_pa
             await eventually(lambda: _run_closed(a, a.executor.task_id or ""))
             await within(a.handler.aclose())
             await client.aclose()
+
+
+def _postgres_notices() -> PostgresNotices:
+    """PostgresNotices on an engine that only names its dialect: `_ids` is driven directly."""
+    return PostgresNotices(SimpleNamespace(dialect=SimpleNamespace(name="postgresql", driver="asyncpg")))
+
+
+@pytest.mark.asyncio
+async def test_a_notice_in_the_turn_of_the_cancel_does_not_keep_the_listener_going() -> None:
+    """A notice arrives in the loop turn the listener is cancelled in. The listener ends,
+    cancelled: ``asyncio.wait_for`` (Python 3.10, 3.11) would hand it the notice and swallow
+    the cancel, and it would listen on, past any ``aclose()``."""
+    ids: asyncio.Queue[str | BaseException] = asyncio.Queue()
+    heard: list[str] = []
+    first = asyncio.Event()
+
+    async def listen() -> None:
+        async for task_id in _postgres_notices()._ids(ids, connection=None):
+            if task_id is not None:
+                heard.append(task_id)
+                first.set()
+
+    listener = asyncio.ensure_future(listen())
+    ids.put_nowait("task-1")
+    await within(first.wait())  # The listener waits for the next notice again.
+    ids.put_nowait("task-2")
+    listener.cancel()
+    try:
+        await asyncio.wait((listener,), timeout=1.0)
+        assert listener.cancelled()
+        assert heard == ["task-1"]
+    finally:
+        listener.cancel()  # A listener that went on: no notice comes with this one.
+
+
+class Swallowing(CancelNotices):
+    """Notices from a library whose wait swallows a cancel that comes with a notice (as
+    ``asyncio.wait_for`` does up to Python 3.11)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: asyncio.Queue[str] = asyncio.Queue()
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        yield self._ids()
+
+    async def _ids(self) -> AsyncIterator[str | None]:
+        yield None
+        while True:
+            yield await asyncio.wait_for(self.ids.get(), 60)
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Task, "cancelling"), reason="Python 3.11+ counts cancels")
+@pytest.mark.asyncio
+async def test_listening_stops_at_a_cancel_a_library_swallowed() -> None:
+    """Cancelled in the turn a notice comes, the library's wait swallows the cancel and hands
+    on the notice: keep_listening sees its task is being cancelled and stops there."""
+    notices = Swallowing()
+    noticed: list[str] = []
+    listening = asyncio.Event()
+    listener = asyncio.ensure_future(keep_listening(notices, noticed.append, listening.set, lambda: None))
+    await within(listening.wait())
+    await wait_all_tasks_blocked()  # At the library's wait for the next notice.
+    notices.ids.put_nowait("task-1")
+    listener.cancel()
+    try:
+        await asyncio.wait((listener,), timeout=1.0)
+        assert listener.cancelled()
+        assert noticed == []
+    finally:
+        listener.cancel()  # A listener that went on: no notice comes with this one.
+
+
+class Stuck(CancelNotices):
+    """Notices whose listening connection does not give up when cancelled, until ``released``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[AsyncIterator[str | None]]:
+        self.entered.set()
+        while not self.released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.released.wait()
+        raise ConnectionError("released")
+        yield  # pragma: no cover - an async context manager's generator
+
+
+@pytest.mark.asyncio
+async def test_aclose_returns_though_the_listener_does_not_stop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listener that ignores its cancel: aclose() waits for it no longer than its bound,
+    says so at WARNING, and returns."""
+    monkeypatch.setattr(_replicas, "LISTENER_STOP", 0.05)
+    notices = Stuck()
+    server = make_server(
+        "ours", ScriptedExecutor(), store=FinalStateTaskStore(InMemoryTaskStore(), notices=notices)
+    )
+    await start(server)
+    await within(notices.entered.wait())
+    server.executor.step.open()
+    try:
+        with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+            await within(server.handler.aclose())
+        assert any("did not stop within" in record.getMessage() for record in caplog.records)
+    finally:
+        notices.released.set()

@@ -7,22 +7,26 @@ tests/test_replica_servers.py do the same with real server processes on SQLite a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from a2a.server.agent_execution import RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore
-from a2a.types import Artifact, Part, SendMessageRequest, TaskArtifactUpdateEvent, TaskState
+from a2a.types import Artifact, Part, SendMessageRequest, Task, TaskArtifactUpdateEvent, TaskState
 
 from a2a_cancelfix import FinalStateTaskStore, _sdk, checkpoint
 from a2a_cancelfix.testing import (
     Changes,
     Gate,
     ScriptedExecutor,
+    Server,
     Stream,
+    caller,
     cancel,
     make_server,
     message,
@@ -453,3 +457,80 @@ async def test_a_completion_the_store_refused_ends_the_streams_on_what_it_holds(
     assert await sent.ended() and sent.last == "CANCELED"
     assert await subscriber.ended() and subscriber.last == "CANCELED"
     assert await stored(a, task_id) == "CANCELED"
+
+
+PUSH_URL = "http://push.invalid/ends"
+ENDS = ("COMPLETED", "FAILED", "CANCELED", "REJECTED")
+
+
+def ends_pushed(server: Server) -> list[str]:
+    return [state for state in server.push.received.get(PUSH_URL, []) if state in ENDS]
+
+
+async def shared_store(where: str, tmp_path: Path, stack: contextlib.AsyncExitStack) -> Any:
+    """A fresh task store on ``where``, one for each replica built on it (the database's own)."""
+    if where == "memory":
+        shared = FinalStateTaskStore(InMemoryTaskStore())
+        return lambda: shared
+    database = await stack.enter_async_context(open_database(where, tmp_path))
+    await DatabaseTaskStore(database.engine()).initialize()
+    return lambda: FinalStateTaskStore(DatabaseTaskStore(database.engine()))
+
+
+@pytest.mark.parametrize("where", ["memory", "sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_push_announces_the_stored_end_not_a_refused_one(
+    kind: str, where: str, tmp_path: Path
+) -> None:
+    """Another replica stored FAILED while A's run was completing (its COMPLETED held before its
+    save); the store refuses A's COMPLETED. Ours pushes the end the store holds, FAILED, once.
+    Stock pushes the COMPLETED the store refused: the webhook hears an end the task never had."""
+    async with contextlib.AsyncExitStack() as stack:
+        made = await shared_store(where, tmp_path, stack)
+        store = CompletionHeld(made())
+        options = {"replica_poll_interval": 3600} if kind == "ours" else {}
+        a = make_server(kind, ScriptedExecutor(), store=store, **options)
+        sent = await start(a, push_url=PUSH_URL)
+        task_id = a.executor.task_id or ""
+        a.executor.step.open()  # A completes; its COMPLETED waits to be saved.
+        await within(store.gate.reached.wait())
+        other = made()  # Another replica's view of the store ends the task FAILED.
+        failed = Task()
+        failed.CopyFrom(await other.get(task_id, caller()))
+        failed.status.state = TaskState.TASK_STATE_FAILED
+        await other.wrapped.save(failed, caller())
+        store.gate.open()
+        await within(sent.ended())
+        expected = "COMPLETED" if kind == "stock" else "FAILED"
+        await a.push.posted(PUSH_URL, expected)
+        if kind == "ours":
+            await within(a.handler.aclose())  # Every push queued is sent.
+        assert ends_pushed(a) == [expected]
+        assert await stored(a, task_id) == "FAILED"
+
+
+@pytest.mark.parametrize("where", ["memory", "sqlite"])
+@pytest.mark.asyncio
+async def test_a_push_of_a_completion_refused_over_a_remote_cancel_is_the_cancel(
+    where: str, tmp_path: Path
+) -> None:
+    """B cancels (stores CANCELED) while A's COMPLETED waits to be saved; the store refuses it.
+    A's webhook hears one end, CANCELED, as the store and B's answer say. (Stock's cancel of a
+    task running on another replica: test_a_task_parked_here_and_canceled_elsewhere_ends_canceled_here.)"""
+    async with contextlib.AsyncExitStack() as stack:
+        made = await shared_store(where, tmp_path, stack)
+        store = CompletionHeld(made())
+        a = make_server("ours", ScriptedExecutor(), store=store, replica_poll_interval=3600)
+        b = make_server("ours", ScriptedExecutor(), store=made(), replica_poll_interval=3600)
+        sent = await start(a, push_url=PUSH_URL)
+        task_id = a.executor.task_id or ""
+        a.executor.step.open()
+        await within(store.gate.reached.wait())
+        assert await within(cancel(b, task_id)) == "CANCELED"
+        store.gate.open()
+        assert await within(sent.ended()) and sent.last == "CANCELED"
+        await a.push.posted(PUSH_URL, "CANCELED")
+        for server in (a, b):
+            await within(server.handler.aclose())
+        assert ends_pushed(a) == ["CANCELED"]

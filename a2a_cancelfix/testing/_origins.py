@@ -11,6 +11,7 @@ from typing import ClassVar
 from a2a.types import GetTaskRequest
 
 from a2a_cancelfix import _sdk
+from a2a_cancelfix._aio import bounded
 from a2a_cancelfix.checkpoints import Run
 from a2a_cancelfix.testing._probe import Point, raised_in
 from a2a_cancelfix.testing._report import Row
@@ -263,5 +264,5 @@ BY_NAME: dict[str, Origin] = {
 async def _set_within(event: asyncio.Event, seconds: float) -> bool:
     if not event.is_set() and seconds > 0:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
+            await bounded(event.wait(), seconds)
     return event.is_set()

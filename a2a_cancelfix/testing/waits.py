@@ -37,6 +37,7 @@ class Gate:
 
 async def within(awaitable: Awaitable[Any], seconds: float = BOUND) -> Any:
     """Fail fast instead of hanging when a bug keeps something waiting forever."""
+    # wait_for, not _aio.bounded: the sweeps' rows are timed in loop turns taken with its task.
     return await asyncio.wait_for(awaitable, seconds)
 
 

@@ -27,6 +27,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _sdk
+from a2a_cancelfix._aio import bounded
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import Stream, state_of
@@ -355,7 +356,7 @@ async def nobody_comes_back(bench: Bench) -> str:
     await asyncio.wait({stream.task})
     called = executor.cancel_called
     with contextlib.suppress(asyncio.TimeoutError):  # Three intervals: plenty, were it coming.
-        await asyncio.wait_for(called.wait(), 3 * UNWATCHED_AFTER)
+        await bounded(called.wait(), 3 * UNWATCHED_AFTER)
     task_id = executor.task_id or ""
     if called.is_set():
         await within(executor.stopped.wait())
