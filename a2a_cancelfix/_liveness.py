@@ -51,8 +51,8 @@ class Leased(Protocol):
 class Leases:
     """One handler's lease on its runs, and its watch over the other replicas' leases.
 
-    Built by the lifecycle it serves once the handler is built (`Lifecycle.bind`); begun by the
-    handler's first request (`begin`), ended by its ``aclose()`` (`aclose`).
+    Built by the lifecycle it serves once the handler is built (`Lifecycle.bind`); begun at the
+    handler's start, else its first request (`begin`); ended by its ``aclose()`` (`aclose`).
 
     Args:
         lifecycle: the handler's lifecycle, whose runs are leased and stopped.
@@ -209,17 +209,23 @@ class Leases:
                 self._attempt = in_background(self._renew(loop.time()))
 
     async def _renew(self, sent: float) -> None:
-        try:
-            rows = await self._beat()
-        except Exception as error:
-            logger.log(
-                logging.DEBUG if self.fenced else logging.WARNING,
-                "could not renew this replica's lease: %r",
-                error,
-            )
-            return
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                rows = await self._beat()
+            except Exception as error:
+                logger.log(
+                    logging.DEBUG if self.fenced else logging.WARNING,
+                    "could not renew this replica's lease: %r",
+                    error,
+                )
+                return
+            if self._closed or loop.time() < sent + self.lease_time / 2:
+                break
+            # Done past the fence time it would set: it vouches for no time to come; a fresh one does.
+            sent = loop.time()
         self._renewed(sent)
-        self._judge(rows, sent, asyncio.get_running_loop().time())
+        self._judge(rows, sent, loop.time())
 
     async def _beat(self) -> list[Any]:
         """One transaction: this replica's beat, and every replica's. A row of ours that is gone
@@ -334,11 +340,12 @@ class Leases:
         import sqlalchemy as sa
 
         runs, replicas = self.tables.runs, self.tables.replicas
+        # An anti-join on the replicas' key: the database returns the orphans alone.
+        alive = sa.select(replicas.c.replica_id).where(replicas.c.replica_id == runs.c.replica_id)
         async with self.store.engine.connect() as connection:
             rows = await connection.execute(
                 sa.select(runs.c.task_id, runs.c.replica_id, runs.c.owner).where(
-                    runs.c.store == self.store.table_name,
-                    runs.c.replica_id.not_in(sa.select(replicas.c.replica_id)),
+                    runs.c.store == self.store.table_name, ~alive.exists()
                 )
             )
             return [(task_id, replica_id, owner) for task_id, replica_id, owner in rows]
