@@ -547,9 +547,13 @@ async def test_a_run_started_once_a_hung_renewal_completes_is_not_cancelled(
         await holder.execute(
             sa.text(f"SELECT * FROM {REPLICAS} WHERE replica_id = :r FOR UPDATE"), {"r": leases.replica_id}
         )
+        held_at = time.monotonic()
         assert await first.ended() and first.last == "CANCELED"
         assert leases.fenced
-    assert await until(lambda: not leases.fenced)
+        # The stall's length, not a wait for an event: it outlasts the hung renewal's own fence
+        # time (sent within a renewal period of the lock, plus half a lease).
+        await asyncio.sleep(max(held_at + LEASE / 6 + LEASE / 2 + 0.1 - time.monotonic(), 0.0))
+    assert await until(lambda: any("renewed its lease again" in r.getMessage() for r in caplog.records))
     runner.executor.cancel_called.clear()
     second = Stream(runner.calls.send_stream(SendMessageRequest(message=message("again")), "alice"))
     await second.until(lambda: second.last == "WORKING")
@@ -557,7 +561,7 @@ async def test_a_run_started_once_a_hung_renewal_completes_is_not_cancelled(
     runner.executor.step.open()
     assert await second.ended() and second.last == "COMPLETED", second.events
     said = [r.getMessage() for r in caplog.records if "renew" in r.getMessage()]
-    again = max(i for i, text in enumerate(said) if "renewed its lease again" in text)
+    again = min(i for i, text in enumerate(said) if "renewed its lease again" in text)
     assert not [text for text in said[again:] if "could not renew" in text], said
     await runner.handler.aclose()
 
