@@ -10,8 +10,8 @@ would have done it. A second signal ends the hold at once (and uvicorn forces it
 second SIGINT, as ever).
 
 Only this module touches uvicorn's and sse-starlette's internals, each access with the
-releases it was seen in. They are probed when a handler takes its first message, in the
-server's loop; where the probe fails, the shutdown is as it was (it begins with the
+releases it was seen in. They are probed when a handler starts (``async with handler`` in the
+lifespan) or else takes its first message, in the server's loop; where the probe fails, the shutdown is as it was (it begins with the
 lifespan's ``aclose()``), with one WARNING.
 """
 

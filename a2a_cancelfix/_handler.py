@@ -9,6 +9,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from types import TracebackType
 from typing import Any, Literal, NoReturn
 
 from a2a.server.agent_execution import AgentExecutor
@@ -105,16 +106,20 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         lease_time: where the task store is a database one (a ``DatabaseTaskStore``, or a
             ``VersionedDatabaseTaskStore``, guarded by `FinalStateTaskStore`), this handler
             is a replica with a lease on its runs, renewed every ``lease_time / 6`` in two
-            tables of ours in that database, from its first request on. When another
+            tables of ours in that database, from its start (``async with handler``, or its
+            construction in a running loop), else from its first request. When another
             replica's lease has not been renewed for its ``lease_time`` (its process died),
             this one ends the tasks it was running FAILED, with a status message saying so,
             once; a replica that cannot renew for ``lease_time / 2`` cancels its own runs
             first. At least ``2 x (cancel_grace_period + 3)`` seconds (the default, 30, is
             raised to that); ``None`` turns leases off. An in-memory store never leases.
-        sole_replica: this process is the only server of its task store: at its first request
-            it ends FAILED every task the store shows SUBMITTED or WORKING (a previous
-            process's, leased or not) but its own runs. Off by default: where replicas of
+        sole_replica: this process is the only server of its task store: at its start (else
+            its first request) it ends FAILED every task the store shows SUBMITTED or WORKING
+            (a previous process's, leased or not) but its own runs. Off by default: where replicas of
             another kind share the store, nothing tells that their tasks are not running.
+
+    Enter it in the server's lifespan (``async with handler: yield``): it starts there, and its
+    exit awaits ``aclose()``.
 
     Each handler has its cancels to itself: given a `CancellableExecutor`, it uses the
     executor inside it with its own options, whatever the proxy was built with.
@@ -201,7 +206,10 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         push_configs = arguments.arguments.get("push_config_store")
         self._remote = self._lifecycle.bind(self, store, push_configs, peers, self._pushes)
         # Whether the leases (see lease_time) are still to begin: read by every request.
-        self._leases_due = self._lifecycle.leases is not None
+        leases = self._lifecycle.leases
+        self._leases_due = leases is not None
+        if leases is not None and _loop_running():
+            leases.begin()  # Built in the server's loop: the lease begins now, not at a request.
         self.cancel_grace_period = settings.cancel_grace_period
         self.on_parked = settings.on_parked
         self.on_canceled = settings.on_canceled
@@ -249,8 +257,28 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         if watchers is not None:
             watchers.touch(params.task_id)
 
+    async def __aenter__(self) -> DefaultRequestHandler:
+        """Start, in the server's loop (its lifespan: ``async with handler: yield``): this replica's
+        lease begins (see ``lease_time``; with ``sole_replica``, its first pass is awaited, at most
+        ``lease_time / 2``), and under uvicorn the exit signal begins the shutdown. Without it,
+        both begin at the first request."""
+        if self._leases_due:
+            await DefaultRequestHandler._begin_leases(self)
+        if not self._exit_watched:
+            DefaultRequestHandler._watch_exit_signal(self)
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Shut down: ``aclose()``, whatever ended the block."""
+        await self.aclose()
+
     async def _begin_leases(self) -> None:
-        """At the first requests: this replica's lease begins (see ``lease_time``)."""
+        """At the start, or else the first requests: this replica's lease begins (see ``lease_time``)."""
         leases = self._lifecycle.leases
         if leases is not None:
             await leases.begun()
@@ -688,3 +716,11 @@ _sdk_init = DefaultRequestHandlerV2.__init__
 _sdk_close = getattr(DefaultRequestHandlerV2, "aclose", None)  # 1.1.2+
 # The SDK's constructor's parameters, to find the task store among the arguments it is given.
 _SDK_INIT = inspect.signature(_sdk_init)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -54,10 +54,11 @@ handler = DefaultRequestHandler(Summariser(), InMemoryTaskStore(), card, cancel_
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    yield
-    # Lets the runs finish, cancels what is left, sends queued pushes; under uvicorn, this
-    # began at SIGTERM, so that every open stream ended on its task's end: it waits for that.
-    await handler.aclose()
+    # Starts the handler in the server's loop (its lease, over a database store); on leaving,
+    # awaits handler.aclose(): lets the runs finish, cancels what is left, sends queued pushes.
+    # Under uvicorn, that began at SIGTERM, so that every open stream ended on its task's end.
+    async with handler:
+        yield
 
 
 app = Starlette(

@@ -144,6 +144,10 @@ def build(url: str, schema: str | None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if isinstance(handler, DefaultRequestHandler):
+            async with handler:  # Its start: its lease, sole_replica's pass; its end: aclose().
+                yield
+            return
         yield
         close = getattr(handler, "aclose", None)  # Stock's from a2a-sdk 1.1.2.
         if close is not None:

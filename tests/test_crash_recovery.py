@@ -189,7 +189,8 @@ SOLE_BOUND = 10.0  # From a process's start to its sweep's end, on a loaded mach
 async def test_a_process_killed_and_started_again_on_sqlite(handler: str, sole: str, tmp_path: Path) -> None:
     """One process on a SQLite file, killed (SIGKILL) with two tasks running, started again,
     a client polling the tasks there: ours with ``sole_replica`` ends them FAILED as it starts,
-    without it after a lease; the parked task stays; stock leaves them WORKING past the bound."""
+    before any request reaches it, without it after a lease; the parked task stays; stock
+    leaves them WORKING past the bound."""
     environment = options(handler, A2ACF_SOLE_REPLICA=sole)
     async with shared("sqlite", tmp_path) as world, client() as c:
         first = await Replica.start(world, "first", **environment)
@@ -199,6 +200,8 @@ async def test_a_process_killed_and_started_again_on_sqlite(handler: str, sole: 
             await first.kill()
         again = await Replica.start(world, "again", **environment)
         try:
+            if sole:  # Its lifespan's start ends them: the store shows it before any request.
+                await poll(world.states, lambda states: states[one] == states[two] == "FAILED", SOLE_BOUND)
             polled_from = time.time()
             polled = await c.states(again, one, two, parked)  # The polling client's first look.
 

@@ -33,6 +33,7 @@ from a2a.types import (
     TaskState,
     TaskStatus,
 )
+from a2a.utils.errors import A2AError
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -528,6 +529,64 @@ async def test_a_renewal_that_hangs_is_a_renewal_that_failed(reader: Reader, dat
 
 @pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
 @pytest.mark.asyncio
+async def test_a_run_started_once_a_hung_renewal_completes_is_not_cancelled(
+    reader: Reader, database: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A's renewal hangs past its fence (A's run is cancelled), then completes: done after its
+    fence time, it vouches for nothing, so A renews again at once and only then takes runs
+    leased. A run A starts then goes on to COMPLETED, and no "could not renew" follows the
+    "renewed its lease again"."""
+    if "postgresql" not in database.url:
+        pytest.skip("a row lock that holds one statement while the others go on: PostgreSQL's")
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    runner = replica("ours", database.engine())
+    first = await start(runner)
+    leases = runner.handler._lifecycle.leases
+    assert await until(lambda: _replicas_left(reader, 1))
+    async with reader.engine.connect() as holder, holder.begin():
+        await holder.execute(
+            sa.text(f"SELECT * FROM {REPLICAS} WHERE replica_id = :r FOR UPDATE"), {"r": leases.replica_id}
+        )
+        held_at = time.monotonic()
+        assert await first.ended() and first.last == "CANCELED"
+        assert leases.fenced
+        # The stall's length, not a wait for an event: it outlasts the hung renewal's own fence
+        # time (sent within a renewal period of the lock, plus half a lease).
+        await asyncio.sleep(max(held_at + LEASE / 6 + LEASE / 2 + 0.1 - time.monotonic(), 0.0))
+    assert await until(lambda: any("renewed its lease again" in r.getMessage() for r in caplog.records))
+    runner.executor.cancel_called.clear()
+    second = Stream(runner.calls.send_stream(SendMessageRequest(message=message("again")), "alice"))
+    await second.until(lambda: second.last == "WORKING")
+    assert not await set_within(runner.executor.cancel_called, LEASE / 2)
+    runner.executor.step.open()
+    assert await second.ended() and second.last == "COMPLETED", second.events
+    said = [r.getMessage() for r in caplog.records if "renew" in r.getMessage()]
+    again = min(i for i, text in enumerate(said) if "renewed its lease again" in text)
+    assert not [text for text in said[again:] if "could not renew" in text], said
+    await runner.handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_orphan_scan_reads_the_orphans_alone(database: Database, reader: Reader) -> None:
+    """Among a live replica's many run rows, the scan for runs whose replica row is gone gets
+    from the database only those rows."""
+    server = replica("ours", database.engine(), lease_time=60.0)  # No scan of its own meanwhile.
+    leases = server.handler._lifecycle.leases
+    assert await until(lambda: _replicas_left(reader, 1))
+    row = {"store": leases.store.table_name, "replica_id": leases.replica_id, "owner": "alice"}
+    rows = [dict(row, task_id=f"live-{n}") for n in range(200)]
+    orphans = [dict(row, task_id=f"orphan-{n}", replica_id="gone") for n in range(3)]
+    async with reader.engine.begin() as connection:
+        await connection.execute(sa.insert(leases.tables.runs), rows + orphans)
+    found = await leases._orphans()
+    assert sorted(found) == sorted(("orphan-" + str(n), "gone", "alice") for n in range(3))
+    async with reader.engine.begin() as connection:
+        await connection.execute(sa.delete(leases.tables.runs))
+    await server.handler.aclose()
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.asyncio
 async def test_a_replica_taken_for_dead_that_comes_back_leases_its_new_runs_again(
     database: Database, reader: Reader, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -655,6 +714,95 @@ async def test_a_restarted_sole_server_ends_what_its_previous_process_left_runni
         if kind != "stock":
             assert status_text(await reader.task(leased)) == LAPSED
             await restarted.handler.aclose()
+
+
+async def _outside_a_loop(kind: str, engine: AsyncEngine, **options: Any) -> Server:
+    """A replica built where no loop runs (a server script's module level): only its start, or a
+    request, begins its lease."""
+    return await asyncio.to_thread(replica, kind, engine, **options)
+
+
+def _entered(server: Server) -> contextlib.AbstractAsyncContextManager[Any]:
+    """Ours started as a lifespan starts it (``async with handler``); stock has no such start."""
+    handler: Any = server.handler
+    return handler if isinstance(handler, DefaultRequestHandler) else contextlib.nullcontext()
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_restarted_sole_replica_ends_what_its_previous_process_left_running_at_its_start(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """Restarted with ``sole_replica`` and entered as a lifespan enters it, with no request at
+    all: the tasks its previous process left WORKING, leased or not, are FAILED once the start
+    returns. Stock: they stay WORKING."""
+    async with elsewhere(database) as place:
+        previous = await build_elsewhere(place, "ours", ScriptedExecutor())
+        leased = await run_elsewhere(place, previous)
+        assert await reader.reaches(leased, WORKING)
+        await place.die()
+        working = await _saved(reader, WORKING)
+        restarted = await _outside_a_loop(kind, database.engine(), sole_replica=kind == "ours")
+        async with _entered(restarted):
+            if kind == "stock":
+                assert not await reader.reaches(leased, FAILED, ENDED_WITHIN)
+                assert await reader.state(working) == WORKING
+                return
+            # No wait: the start waited for its first pass.
+            assert [await reader.state(leased), await reader.state(working)] == [FAILED, FAILED]
+            assert status_text(await reader.task(working)) == LAPSED
+
+
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_an_idle_survivor_ends_a_dead_replicas_task(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """B is started and never asked anything; A dies mid-run. Ours: B ends A's task FAILED within
+    the bound. Stock: it stays WORKING."""
+    async with elsewhere(database) as place:
+        survivor = await _outside_a_loop(kind, database.engine())
+        async with _entered(survivor):
+            runner = await build_elsewhere(place, kind, ScriptedExecutor())
+            task_id = await run_elsewhere(place, runner)
+            assert await reader.reaches(task_id, WORKING)
+            await place.die()
+            if kind == "stock":
+                assert not await reader.reaches(task_id, FAILED, ENDED_WITHIN)
+                return
+            assert await reader.reaches(task_id, FAILED, BOUND)
+            assert status_text(await reader.task(task_id)) == LAPSED
+
+
+@pytest.mark.asyncio
+async def test_a_start_left_by_an_exception_still_shuts_down(database: Database, reader: Reader) -> None:
+    """An error inside ``async with handler`` (a lifespan's): the exit still runs ``aclose()``,
+    which removes the replica's lease rows and refuses new messages."""
+    server = await _outside_a_loop("ours", database.engine())
+    with pytest.raises(RuntimeError, match="the app failed"):
+        async with server.handler:
+            assert await until(lambda: _replicas_left(reader, 1))
+            raise RuntimeError("the app failed")
+    assert await reader.rows(REPLICAS) == []
+    refused = Stream(server.calls.send_stream(SendMessageRequest(message=message("late")), "alice"))
+    assert await refused.ended()
+    assert isinstance(refused.error, A2AError) and server.executor.task_id is None
+
+
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_replica_built_in_a_running_loop_begins_its_lease_at_once(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """Built in the server's loop (a framework's factory), with no start and no request: ours
+    registers its lease at once. Stock has none."""
+    server = replica(kind, database.engine())
+    if kind == "stock":
+        assert not await until(lambda: _replicas_left(reader, 1), LEASE / 2)
+        return
+    assert await until(lambda: _replicas_left(reader, 1))
+    await server.handler.aclose()
 
 
 @pytest.mark.parametrize("store", ["database, lease_time=None", "in memory"])
