@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from a2a.types import TaskStatusUpdateEvent
+from a2a.types import Task, TaskState, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, in_background, wait_done
@@ -36,6 +36,14 @@ logger = logging.getLogger("a2a_cancelfix")
 REPLICAS = "a2a_cancelfix_replicas"
 RUNS = "a2a_cancelfix_runs"
 LAPSED = "the server process running this task stopped (lease lapsed)"
+
+
+def lapsed(ended: Task | TaskStatusUpdateEvent) -> bool:
+    """Whether ``ended`` is the FAILED a survivor recorded for a lapsed lease (and pushed)."""
+    status = ended.status
+    return status.state == TaskState.TASK_STATE_FAILED and any(
+        part.text == LAPSED for part in status.message.parts
+    )
 
 
 class Leased(Protocol):

@@ -7,7 +7,8 @@ a `BackgroundPushSender` around the sender it is given instead.
 
 The SDK pushes each event whether or not the store saved it: a run's end that the store
 refused (another replica ended the task first) would announce an end the task never had.
-Such an end is handed on as the end the store holds (see `RemoteCancels.as_stored`).
+Such an end is handed on as the end the store holds (see `RemoteCancels.as_stored`), unless
+a survivor recorded it for a lapsed lease: that one pushed it already.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from a2a.server.tasks import PushNotificationSender
 from a2a.types import Task, TaskStatusUpdateEvent
 
 from a2a_cancelfix._aio import in_background, wait_done
+from a2a_cancelfix._liveness import lapsed
 from a2a_cancelfix._sdk import TERMINAL_STATES
 
 if TYPE_CHECKING:
@@ -45,7 +47,8 @@ class BackgroundPushSender(PushNotificationSender):
 
     A terminal event of a task a save of whose the store refused is sent as the end the store
     holds: the same end passes as it is (a remote cancel's CANCELED, which only the replica
-    running the task pushes); another one is replaced by the stored end, never sent.
+    running the task pushes); another one is replaced by the stored end, never sent, or dropped
+    where the stored end is a lapsed lease's FAILED, which the survivor that recorded it pushed.
 
     Args:
         sender: the push sender the handler was given.
@@ -91,7 +94,8 @@ class BackgroundPushSender(PushNotificationSender):
                     remote = self._refusals.remote
                     if remote is not None and remote.refused_tasks:  # Empty unless a save was refused.
                         event = await _as_stored(remote, task_id, event)
-                    await self.sender.send_notification(task_id, event)
+                    if event is not None:
+                        await self.sender.send_notification(task_id, event)
                 except Exception:
                     logger.exception("push notification sender raised for task %s", task_id)
                 waiting.popleft()
@@ -103,10 +107,13 @@ class BackgroundPushSender(PushNotificationSender):
 
 
 async def _as_stored(remote: RemoteCancels, task_id: str, event: Any) -> Any:
-    """``event``, or for the end of a task whose save was refused, the end the store holds."""
+    """``event``, or for the end of a task whose save was refused, the end the store holds;
+    None where that end is a lapsed lease's, already pushed by the survivor that recorded it."""
     caller = remote.refused_tasks.get(task_id)
     if caller is None or not isinstance(event, (Task, TaskStatusUpdateEvent)):
         return event
     if event.status.state not in TERMINAL_STATES:
         return event
-    return await remote.as_stored(event, caller)
+    ended: Any = event  # A Task or a status update: as_stored answers with one of its kind.
+    stored = await remote.as_stored(ended, caller)
+    return None if stored.status.state != event.status.state and lapsed(stored) else stored

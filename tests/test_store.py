@@ -105,7 +105,14 @@ async def open_database(kind: str, tmp_path: Path) -> AsyncIterator[Database]:
         schema = f"a2acf_store_{uuid.uuid4().hex[:12]}"
         await admin.execute(f'CREATE SCHEMA "{schema}"')
         # Server-side bounds: no statement or lock wait can hang a test.
-        settings = {"search_path": schema, "statement_timeout": "20s", "lock_timeout": "20s"}
+        # A session left in a transaction by a loop that closed under it (a test that never
+        # closed its handler) is ended too, so that it cannot hold the schema's drop for good.
+        settings = {
+            "search_path": schema,
+            "statement_timeout": "20s",
+            "lock_timeout": "20s",
+            "idle_in_transaction_session_timeout": "10s",
+        }
         database = Database(PG_URL, {"server_settings": settings, "timeout": 5})
     try:
         yield database
