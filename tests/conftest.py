@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "soak: a minute of chaos, run by nox on the newest a2a-sdk release only (noxfile.py says why)",
+        "soak: a minute of chaos, run by `nox -s soak` only (noxfile.py says why)",
     )
     config.addinivalue_line(
         "markers",
