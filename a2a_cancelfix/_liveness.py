@@ -91,6 +91,9 @@ class Leases:
         self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
+        # Cancelled runs that have returned, their end still to be stored: task id -> owner.
+        # Their rows stay until the store shows the end, so that no exit leaves the task running.
+        self._unwritten: dict[str, str] = {}
         self._registered: asyncio.Future[None] | None = None
         self._inserted = False  # This replica's row was inserted once: a missing one was removed.
         self._renewing: asyncio.Future[None] | None = None
@@ -129,6 +132,7 @@ class Leases:
         try:
             owner = self.store.owner(context.call_context)
             self._runs[task_id] = owner, context.context_id or ""
+            self._unwritten.pop(task_id, None)
             await self._write(self._insert_run(task_id, owner))
         except Exception:
             logger.warning("task %s: could not lease its run; it goes on unleased", task_id, exc_info=True)
@@ -137,10 +141,15 @@ class Leases:
 
     def run_ended(self, task_id: str, *, keep_lease: bool = False) -> None:
         """A run's ``execute()`` has returned: its lease row goes, in the background; unless
-        ``keep_lease``, for a run whose end is still to be written (its row is left: should
-        this replica die before, the survivors end the task; else the row is moot, an end
-        needs a running task, and goes with this replica's other rows)."""
-        if self._runs.pop(task_id, None) is not None and not self._closed and not keep_lease:
+        ``keep_lease``, for a cancelled run whose end is still to be stored: its row goes at
+        the first renewal that finds the end stored. Should this replica stop before, the
+        survivors end the task."""
+        run = self._runs.pop(task_id, None)
+        if run is None:
+            return
+        if keep_lease:
+            self._unwritten[task_id] = run[0]
+        elif not self._closed:
             in_background(self._forget_run(task_id))
 
     async def aclose(self, deadline: float) -> None:
@@ -256,9 +265,12 @@ class Leases:
                         len(self._runs),
                     )
                     self.replica_id = _new_id()
+                    self._unwritten.clear()  # Their rows went with the old id's: nothing to keep.
                 await self._insert_self(connection)
                 for task_id, (owner, _) in list(self._runs.items()):
                     await connection.execute(self._run_row(task_id, owner))
+            if self._unwritten:
+                await self._forget_stored_ends(connection)
             return list(
                 await connection.execute(
                     sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms)
@@ -474,6 +486,23 @@ class Leases:
         except Exception as error:  # Left behind, it is harmless: an end needs a running task.
             logger.debug("could not remove the lease row of task %s: %r", task_id, error)
 
+    async def _forget_stored_ends(self, connection: Any) -> None:
+        """Delete the rows of the cancelled runs whose end the store now shows."""
+        import sqlalchemy as sa
+
+        runs = self.tables.runs
+        stored = await self.store.past_running(connection, list(self._unwritten))
+        if stored:
+            await connection.execute(
+                sa.delete(runs).where(
+                    runs.c.store == self.store.table_name,
+                    runs.c.replica_id == self.replica_id,
+                    runs.c.task_id.in_(stored),
+                )
+            )
+            for task_id in stored:
+                self._unwritten.pop(task_id, None)
+
     async def _write(self, write: Any) -> None:
         """Await a run row's write, known to `aclose` until it ends."""
         future = asyncio.ensure_future(write)
@@ -482,8 +511,9 @@ class Leases:
         await future
 
     async def _remove_self(self) -> None:
-        """Remove this replica's rows; but where a run here has not returned, leave them: the
-        survivors end its task once the lease, no longer renewed, lapses."""
+        """Remove this replica's rows; but leave those of runs here that have not returned, and
+        of cancelled runs whose end the store does not show: the survivors end their tasks,
+        once the lease lapses where a run has not returned, else at once."""
         try:
             await self._remove_rows()
         except Exception:
@@ -500,6 +530,17 @@ class Leases:
         runs, replicas = self.tables.runs, self.tables.replicas
         mine = sa.and_(runs.c.store == self.store.table_name, runs.c.replica_id == self.replica_id)
         async with self.store.engine.begin() as connection:
+            if self._unwritten:
+                await self._forget_stored_ends(connection)
+            if self._unwritten:
+                logger.warning(
+                    "replica %s shut down before the store showed the end of %d cancelled "
+                    "task(s): the other replicas end them",
+                    self.replica_id,
+                    len(self._unwritten),
+                )
+            kept = [*self._runs, *self._unwritten]
+            await connection.execute(sa.delete(runs).where(mine, runs.c.task_id.not_in(kept)))
             if self._runs:
                 logger.warning(
                     "replica %s shut down with %d run(s) not returned: the other replicas end "
@@ -507,9 +548,7 @@ class Leases:
                     self.replica_id,
                     len(self._runs),
                 )
-                await connection.execute(sa.delete(runs).where(mine, runs.c.task_id.not_in(list(self._runs))))
                 return
-            await connection.execute(sa.delete(runs).where(mine))
             await connection.execute(sa.delete(replicas).where(replicas.c.replica_id == self.replica_id))
 
 

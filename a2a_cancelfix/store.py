@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.context import ServerCallContext
@@ -536,6 +536,18 @@ class LeaseStore:
             sa.select(model.id, model.owner).where(model.status["state"].as_string().in_(_RUNNING_NAMES))
         )
         return [(task_id, owner) for task_id, owner in rows]
+
+    async def past_running(self, connection: Any, task_ids: Collection[str]) -> set[str]:
+        """Those of ``task_ids`` stored in a state past SUBMITTED and WORKING (ended or parked)."""
+        import sqlalchemy as sa
+
+        model = self.model
+        rows = await connection.execute(
+            sa.select(model.id).where(
+                model.id.in_(list(task_ids)), model.status["state"].as_string().not_in(_RUNNING_NAMES)
+            )
+        )
+        return {task_id for (task_id,) in rows}
 
     async def fail(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
         """In ``session``'s transaction, which holds the write lock (SQLite) or locks the rows

@@ -26,6 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from a2a_cancelfix.testing import PushReceiver, Stream
 
+from .support import drop_schema
+
 SERVER = Path(__file__).parent / "crash_server.py"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -135,7 +137,8 @@ async def shared(kind: str, tmp_path: Path) -> AsyncIterator[Shared]:
         admin = await asyncpg.connect(PG_DSN, timeout=5)
         schema = f"a2acf_crash_{uuid.uuid4().hex[:12]}"
         await admin.execute(f'CREATE SCHEMA "{schema}"')
-        url, connect_args = PG_URL, {"server_settings": {"search_path": schema}, "timeout": 5}
+        settings = {"search_path": schema, "application_name": schema}  # See drop_schema.
+        url, connect_args = PG_URL, {"server_settings": settings, "timeout": 5}
     engine = create_async_engine(url, connect_args=connect_args)
     try:
         await asyncio.wait_for(DatabaseTaskStore(engine).initialize(), START)
@@ -145,7 +148,7 @@ async def shared(kind: str, tmp_path: Path) -> AsyncIterator[Shared]:
     finally:
         await engine.dispose()
         if schema is not None:
-            await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            await drop_schema(admin, schema)
             await admin.close()
 
 

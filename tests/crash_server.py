@@ -96,7 +96,7 @@ class EndlessExecutor(AgentExecutor):
 
 
 def build(url: str, schema: str | None) -> Starlette:
-    settings = {"search_path": schema} if schema else {}
+    settings = {"search_path": schema, "application_name": schema} if schema else {}
     engine = create_async_engine(url, connect_args={"server_settings": settings} if schema else {})
     environment = os.environ
     stock = environment.get("A2ACF_HANDLER", "ours") == "stock"

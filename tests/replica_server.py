@@ -73,7 +73,7 @@ class StepExecutor(AgentExecutor):
 
 
 def build(url: str, schema: str | None) -> Starlette:
-    connect_args = {"server_settings": {"search_path": schema}} if schema else {}
+    connect_args = {"server_settings": {"search_path": schema, "application_name": schema}} if schema else {}
     engine = create_async_engine(url, connect_args=connect_args)
     notices = os.environ.get("A2ACF_NOTICES") or None
     if notices and notices != "postgres":

@@ -91,3 +91,16 @@ def told(report: Report) -> str:
     """A failing sweep's broken promises first, then its table: a CI log may keep only the start."""
     broken = [f"{row.moment} ({row.origin}): {'; '.join(row.failures)}" for row in report.failures]
     return "\n".join([*broken, "", str(report)])
+
+
+async def drop_schema(admin: Any, schema: str) -> None:
+    """Drop a test's PostgreSQL schema, whose connections name themselves after it
+    (``application_name``): those still open are ended first, so that none left holding a
+    lock (behind a frozen proxy, in a process that never exited) can hold the drop."""
+    await admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        schema,
+    )
+    await admin.execute("SET lock_timeout = '20s'")
+    await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -658,6 +658,71 @@ async def test_aclose_removes_the_replicas_lease_rows_and_leaves_the_survivors_n
     assert lapsed_ends(caplog) == []
 
 
+class RefusedCanceled(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A guarded store whose saves of CANCELED fail: the store cut off as a shutdown writes them."""
+
+    async def save(self, task: Task, *args: Any, **kwargs: Any) -> Any:
+        if task.status.state == CANCELED:
+            raise OSError("the connection to the task store is cut")
+        return await self.__wrapped__.save(task, *args, **kwargs)
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_shutdown_that_could_not_store_canceled_leaves_the_task_to_a_survivor(
+    database: Database, reader: Reader, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shuts down with a run going, and its CANCELED cannot be stored. Ours: A's run lease
+    stays, its replica row goes, so B ends the task FAILED at its next look, not after a lease.
+    Stock: the task stays WORKING with nothing running."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    store = RefusedCanceled(FinalStateTaskStore(DatabaseTaskStore(database.engine())))
+    if kind == "ours":
+        runner = make_server("ours", ScriptedExecutor(), store=store, shutdown_drain_time=0.1, **OURS)
+    else:
+        runner = replica("stock", database.engine())
+    survivor = replica(kind, database.engine())
+    stream = await start(runner)
+    task_id = runner.executor.task_id or ""
+    await survivor.calls.get(task_id, "alice")
+    assert await reader.reaches(task_id, WORKING)
+    if kind == "stock":
+        await within(runner.handler.aclose(), 5.0)
+        assert not await reader.reaches(task_id, FAILED, ENDED_WITHIN)
+        assert await reader.state(task_id) == WORKING
+        runner.executor.step.open()
+        assert await stream.ended()
+        return
+    leases = runner.handler._lifecycle.leases
+    assert await until(lambda: _leased_by(reader, task_id, leases.replica_id))
+    await within(runner.handler.aclose(), 5.0)
+    assert await reader.state(task_id) == WORKING  # The CANCELED never landed.
+    assert await _replica_gone(reader, leases.replica_id)
+    assert await reader.reaches(task_id, FAILED, LEASE / 6 + 4.0)
+    assert status_text(await reader.task(task_id)) == LAPSED
+    assert await until(lambda: _gone(reader, task_id))
+    assert len(lapsed_ends(caplog)) == 1
+    await survivor.handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_runs_lease_row_goes_once_its_canceled_is_stored(
+    database: Database, reader: Reader
+) -> None:
+    """A cancelled run's row outlives its run until its CANCELED is stored, no longer: the runs
+    table does not grow with the cancels a replica served."""
+    runner = replica("ours", database.engine())
+    await start(runner)
+    task_id = runner.executor.task_id or ""
+    leases = runner.handler._lifecycle.leases
+    assert await until(lambda: _leased_by(reader, task_id, leases.replica_id))
+    await runner.calls.cancel(task_id, "alice")
+    assert await reader.reaches(task_id, CANCELED)
+    assert await until(lambda: _gone(reader, task_id), LEASE)
+    await runner.handler.aclose()
+
+
 async def _saved(reader: Reader, state: int) -> str:
     """A task of a previous process, saved as it left it, with no lease (a stock server's, say)."""
     task_id = uuid.uuid4().hex

@@ -44,6 +44,8 @@ from a2a_cancelfix._sdk import TERMINAL_STATES
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import caller
 
+from .support import drop_schema
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -109,6 +111,7 @@ async def open_database(kind: str, tmp_path: Path) -> AsyncIterator[Database]:
         # closed its handler) is ended too, so that it cannot hold the schema's drop for good.
         settings = {
             "search_path": schema,
+            "application_name": schema,  # Named, so that the drop can end what is left open.
             "statement_timeout": "20s",
             "lock_timeout": "20s",
             "idle_in_transaction_session_timeout": "10s",
@@ -120,7 +123,7 @@ async def open_database(kind: str, tmp_path: Path) -> AsyncIterator[Database]:
         for engine in database.engines:
             await engine.dispose()
         if schema is not None:
-            await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            await drop_schema(admin, schema)
             await admin.close()
 
 
