@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
 import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from a2a.server.agent_execution import AgentExecutor
 from a2a.server.context import ServerCallContext
@@ -20,19 +19,17 @@ from a2a.types import (
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
-    InternalError,
     Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
     TaskNotFoundError,
-    TaskStatusUpdateEvent,
     UnsupportedOperationError,
 )
 from a2a.utils.errors import A2AError
 
 from a2a_cancelfix import _exit_signal, _sdk, _telemetry
-from a2a_cancelfix._aio import Once, deadline_in, in_background, wait_done
+from a2a_cancelfix._aio import deadline_in, in_background, wait_done
 from a2a_cancelfix._cancel.settings import (
     DEFAULT_DRAIN_TIME,
     DEFAULT_GRACE_PERIOD,
@@ -40,10 +37,12 @@ from a2a_cancelfix._cancel.settings import (
     DEFAULT_POLL_INTERVAL,
     Settings,
 )
-from a2a_cancelfix._executor import CancellableExecutor, raised_by_execute, require_executor
+from a2a_cancelfix._errors import ended, ended_first, raise_for, refuse_if_ended, shutting_down
+from a2a_cancelfix._executor import CancellableExecutor, require_executor
 from a2a_cancelfix._lifecycle import Lifecycle
 from a2a_cancelfix._push import BackgroundPushSender
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
+from a2a_cancelfix._streams import OpenStreams, drain, end_being_recorded, until_terminal
 from a2a_cancelfix._unwatched import Observer
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.notices import LocalNotices
@@ -216,7 +215,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         self._closing = False  # aclose() has begun: no new message is taken.
         self._shutdown: asyncio.Future[None] | None = None  # aclose()'s work, begun once.
         self._exit_watched = False  # The server's exit signal begins the shutdown (_exit_signal.py).
-        self._open = _OpenStreams()  # Of runs here: the shutdown waits for them to end.
+        self._open = OpenStreams()  # Of runs here: the shutdown waits for them to end.
 
     @_telemetry.traced_as_sdk
     @_sdk.validated
@@ -356,7 +355,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         shutting down refuses every message."""
         _sdk.check_required_fields(params)
         if self._closing:
-            raise _shutting_down()
+            raise shutting_down()
         if not self._exit_watched:
             DefaultRequestHandler._watch_exit_signal(self)
         if self._leases_due:
@@ -376,27 +375,27 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 except A2AError:
                     raise
                 except Exception as error:
-                    _raise_for("", error)
+                    raise_for("", error)
                 refused = self._remote.refused_tasks  # Empty unless a save was refused.
                 if refused and isinstance(result, Task) and result.id in refused:
                     return await self._remote.as_stored(result, context)
                 return result
-            if await _refuse_if_ended(self._lifecycle, params, context) and watchers is not None:
+            if await refuse_if_ended(self._lifecycle, params, context) and watchers is not None:
                 observer = watchers.open(params.message.task_id)
             lifecycle, message_id = self._lifecycle, params.message.message_id
             lifecycle.follow_up_accepted(message_id)
             try:
                 result = await _sdk_send(self, params, context)
             except _sdk.QueueShutDown as error:
-                raise _ended(params) from error
+                raise ended(params) from error
             except A2AError:
                 raise
             except Exception as error:
-                _raise_for(params.message.task_id, error)
+                raise_for(params.message.task_id, error)
             finally:
                 unprocessed = lifecycle.follow_up_unprocessed(message_id)
             if unprocessed and isinstance(result, Task) and _ended_without_it(result.status.state):
-                raise _ended_first(params, result.status.state)
+                raise ended_first(params, result.status.state)
             refused = self._remote.refused_tasks  # Empty unless a save was refused.
             if refused and isinstance(result, Task) and result.id in refused:
                 return await self._remote.as_stored(result, context)
@@ -414,7 +413,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         _sdk.check_required_fields(params)
         _sdk.check_streaming(self)
         if self._closing:
-            raise _shutting_down()
+            raise shutting_down()
         if not self._exit_watched:
             DefaultRequestHandler._watch_exit_signal(self)
         if self._leases_due:
@@ -427,7 +426,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         message_id = message.message_id if follow_up or watchers is not None else ""
         owned = True  # A stranger's message must not keep the task alive: not an observer.
         if follow_up:
-            owned = await _refuse_if_ended(self._lifecycle, params, context)
+            owned = await refuse_if_ended(self._lifecycle, params, context)
             lifecycle.follow_up_accepted(message_id)
         observer = None if watchers is None or not owned else watchers.open(message.task_id, message_id)
         events = _sdk_stream(self, params, context)
@@ -442,13 +441,13 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 yield event
             else:
                 task_id = message.task_id or ("" if event is None else _task_id_of(event))
-                end = await _end_being_recorded(lifecycle, task_id, context)
+                end = await end_being_recorded(lifecycle, task_id, context)
                 if end is not None:
                     yield end
                 return
             task_id = _task_id_of(event)
             if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
-                raise _ended_first(params, state)
+                raise ended_first(params, state)
             if self._remote.refused_tasks and task_id in self._remote.refused_tasks:
                 event = await self._remote.as_stored(event, context)
             yield event
@@ -458,20 +457,20 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # else in the background.
             if lifecycle.busy(task_id):
                 drained = True
-                in_background(_drain(events))
+                in_background(drain(events))
                 return
-            try:  # _drain(), inline: the run has returned, so its stream ends at once.
+            try:  # drain(), inline: the run has returned, so its stream ends at once.
                 async for _ in events:
                     pass
             except Exception:
                 logger.debug("a stream raised after its terminal event", exc_info=True)
             drained = True  # To its end: nothing to close.
         except _sdk.QueueShutDown as error:
-            raise _ended(params) from error
+            raise ended(params) from error
         except A2AError:
             raise
         except Exception as error:
-            _raise_for(params.message.task_id, error)
+            raise_for(params.message.task_id, error)
         finally:
             self._open.sender_closed()
             if watchers is not None and observer is not None:
@@ -519,131 +518,24 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             self._open.subscriber_opened(task.id)
         try:
             ended = False
-            async for event in _until_terminal(events):
+            async for event in until_terminal(events):
                 if _sdk.terminal_state(event) is not None:
                     ended = True
                     if params.id in self._remote.refused_tasks:
                         event = await self._remote.as_stored(event, context)
                 yield event
-            end = None if ended else await _end_being_recorded(self._lifecycle, params.id, context)
+            end = None if ended else await end_being_recorded(self._lifecycle, params.id, context)
             if end is not None:
                 yield end
         except A2AError:
             raise
         except Exception as error:
-            _raise_for(params.id, error)
+            raise_for(params.id, error)
         finally:
             if here:
                 self._open.subscriber_closed(task.id)
             if watchers is not None and observer is not None:
                 watchers.close(observer)
-
-
-async def _end_being_recorded(
-    lifecycle: Lifecycle, task_id: str, context: ServerCallContext
-) -> TaskStatusUpdateEvent | None:
-    """The end of a stream of ``task_id`` that ended with no terminal event: where its run was
-    closed while a cancel's CANCELED was still being written (the store slow, locked or
-    failing), the end the store holds once the write is over; else None.
-
-    Raises:
-        InternalError: the store never recorded it.
-    """
-    if not task_id:
-        return None
-    stored = await lifecycle.stored_end(task_id, context)
-    if stored is None:
-        return None
-    if stored.status.state not in _sdk.TERMINAL_STATES:
-        raise InternalError(message=f"The task store did not record the end of task {task_id}")
-    return TaskStatusUpdateEvent(task_id=task_id, context_id=stored.context_id, status=stored.status)
-
-
-async def _refuse_if_ended(
-    lifecycle: Lifecycle, params: SendMessageRequest, context: ServerCallContext
-) -> bool:
-    """Refuse a message to a task being canceled or already terminal, as the spec says; else
-    whether the task is the caller's (only then does its sender watch it).
-
-    Checked before the SDK sees the message: for a terminal task it would set up a run whose
-    queues it never closes (1.0.0-1.3.0 leak two asyncio tasks per such message). Read first,
-    as the caller: a task that is not the caller's is none of its business.
-    """
-    task_id = params.message.task_id
-    task = await lifecycle.read(task_id, context)
-    if task is None:
-        return False  # The SDK answers TaskNotFoundError its own way.
-    if task_id in lifecycle.cancellations or task.status.state in _sdk.TERMINAL_STATES:
-        raise _ended(params)
-    return True
-
-
-async def _until_terminal(events: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
-    """Yield a stream's events and end it right after a terminal one, as the spec says.
-
-    Ending here, rather than when the SDK closes the run's queues, also keeps a subscriber
-    from taking the SDK's end-of-request marker, which a2a-sdk up to 1.2.x never marks done:
-    the run's teardown would then wait for it forever.
-    """
-    async with contextlib.aclosing(events):
-        async for event in events:
-            yield event
-            if _sdk.terminal_state(event) is not None:
-                return
-
-
-async def _drain(events: AsyncGenerator[Any, None]) -> None:
-    """Read the SDK's stream to its end, for nobody: what follows a terminal event is not news."""
-    try:
-        async for _ in events:
-            pass
-    except Exception:
-        logger.debug("a stream raised after its terminal event", exc_info=True)
-    finally:
-        await events.aclose()
-
-
-class _OpenStreams:
-    """The streams open here of runs here, senders' and subscribers', that a shutdown waits for."""
-
-    __slots__ = ("_changed", "_subscribers", "senders")
-
-    def __init__(self) -> None:
-        self.senders = 0
-        self._subscribers: dict[str, int] = {}
-        self._changed: Once | None = None  # Given as a stream closes, while a shutdown waits.
-
-    def sender_opened(self) -> None:
-        self.senders += 1
-
-    def sender_closed(self) -> None:
-        self.senders -= 1
-        if self._changed is not None:  # Inline: one call fewer on every stream.
-            self._changed.give()
-
-    def subscriber_opened(self, task_id: str) -> None:
-        self._subscribers[task_id] = self._subscribers.get(task_id, 0) + 1
-
-    def subscriber_closed(self, task_id: str) -> None:
-        left = self._subscribers.pop(task_id) - 1
-        if left:
-            self._subscribers[task_id] = left
-        if self._changed is not None:
-            self._changed.give()
-
-    def subscribed(self) -> list[str]:
-        """The tasks with a subscriber's stream open."""
-        return list(self._subscribers)
-
-    async def until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> bool:
-        """Wait until ``done()``, asked again as each stream closes, or until ``deadline``;
-        whether it is done."""
-        while True:
-            changed = self._changed = Once()  # Before asking: a close meanwhile is not missed.
-            if await done():
-                return True
-            if not await changed.wait(deadline):
-                return False
 
 
 def _shutdown_bound(settings: Settings) -> float:
@@ -659,37 +551,6 @@ def _ended_without_it(state: int) -> bool:
     """Whether a task's end tells a follow-up's sender nothing of its message: a cancel that
     raced it does (its sender sees CANCELED); an end the task reached before it was run does not."""
     return state != _sdk.CANCELED
-
-
-def _raise_for(task_id: str, error: Exception) -> NoReturn:
-    """Raise what a caller gets for ``error``: the executor's own exception, passed on as the
-    SDK's handler does; anything else (the task store's driver, say) as `_failed` makes it."""
-    if raised_by_execute(error):
-        raise error
-    raise _failed(task_id, error) from error
-
-
-def _failed(task_id: str, error: Exception) -> InternalError:
-    """What a stream or a sender gets for a failure that is not an A2A error, nor the executor's
-    own (the task store's connection killed mid-save, say): an A2A error, as a transport would
-    make it, never the driver's exception."""
-    logger.warning("a request on task %s failed", task_id or "(new)", exc_info=error)
-    return InternalError(message=f"The request failed: {type(error).__name__}")
-
-
-def _ended_first(params: SendMessageRequest, state: int) -> UnsupportedOperationError:
-    return UnsupportedOperationError(
-        message=f"Task {params.message.task_id} reached {_sdk.state_name(state)} before this message "
-        "was processed; it was not processed"
-    )
-
-
-def _ended(params: SendMessageRequest) -> UnsupportedOperationError:
-    return UnsupportedOperationError(message=f"Task {params.message.task_id} has ended or is being canceled")
-
-
-def _shutting_down() -> UnsupportedOperationError:
-    return UnsupportedOperationError(message="The server is shutting down; it takes no new messages")
 
 
 def _state_name(task: Task) -> str:

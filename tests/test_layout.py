@@ -135,6 +135,17 @@ def test_no_module_of_the_testing_kit_is_over_600_lines() -> None:
     assert {name: count for name, count in lines.items() if count > 600} == {}
 
 
+def test_no_runtime_module_is_over_about_600_lines() -> None:
+    """The same for the runtime; but _sdk.py, the one module that may touch the SDK's insides."""
+    package = Path(a2a_cancelfix.__file__).parent
+    lines = {
+        str(path.relative_to(package)): len(path.read_text().splitlines())
+        for path in sorted([*package.glob("*.py"), *package.glob("_cancel/*.py")])
+        if path.name != "_sdk.py"
+    }
+    assert {name: count for name, count in lines.items() if count > 640} == {}
+
+
 @pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
 def test_the_runtime_imports_none_of_the_tools_nor_the_testing_kit() -> None:
     """Importing every runtime module, in a fresh interpreter, loads nothing of tools/ or testing/."""
