@@ -233,12 +233,7 @@ class Lifecycle:
         if task.id in self.cancellations:
             return
         cancellation = self._begin(task.id, Cancellation.unwatched, task.id, after)
-        span = cancellation.span
-        try:
-            with _telemetry.current(span):
-                await self._drive(cancellation, task, live, caller)
-        finally:
-            _telemetry.end(span)
+        await self._drive_in_span(cancellation, task, live, caller)
 
     async def shutdown(self, task_id: str) -> None:
         """Cancel the run here of ``task_id`` as a client's cancel would: the server shuts down.
@@ -265,12 +260,7 @@ class Lifecycle:
         if state in TERMINAL_STATES or state in _sdk.PARKED_STATES:
             return
         cancellation = self._begin(task_id, Cancellation.shut_down, task_id)
-        span = cancellation.span
-        try:
-            with _telemetry.current(span):
-                await self._drive(cancellation, task, live, work.caller)
-        finally:
-            _telemetry.end(span)
+        await self._drive_in_span(cancellation, task, live, work.caller)
 
     async def lease_lost(self, task_id: str, context_id: str) -> None:
         """Cancel the run here of ``task_id`` as a client's cancel would: this replica has not
@@ -286,12 +276,7 @@ class Lifecycle:
             return  # Returned meanwhile; or cancelled already.
         task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
         cancellation = self._begin(task_id, Cancellation.lease_lost, task_id)
-        span = cancellation.span
-        try:
-            with _telemetry.current(span):
-                await self._drive(cancellation, task, live, work.caller)
-        finally:
-            _telemetry.end(span)
+        await self._drive_in_span(cancellation, task, live, work.caller)
 
     async def runs_ended(self, deadline: float) -> bool:
         """Wait until no ``execute()`` runs here, or until ``deadline``; whether none does."""
@@ -396,6 +381,17 @@ class Lifecycle:
             cancellation = origin(*args, self.executor, self.works.get(task_id), self.settings.timeline())
             self.cancellations[task_id] = cancellation
         return cancellation
+
+    async def _drive_in_span(
+        self, cancellation: Cancellation, task: Task, live: Any, caller: ServerCallContext
+    ) -> None:
+        """Drive a cancel that no client asked for inside its span, which ends with it."""
+        span = cancellation.span
+        try:
+            with _telemetry.current(span):
+                await self._drive(cancellation, task, live, caller)
+        finally:
+            _telemetry.end(span)
 
     def end(self, cancellation: Cancellation) -> None:
         """Forget a cancel, done or given up on; a run still waiting for it stops waiting."""

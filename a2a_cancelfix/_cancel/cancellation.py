@@ -155,16 +155,8 @@ class Cancellation:
     ) -> Cancellation:
         """The cancel of a task nobody watched for ``after`` seconds; on a span of its own."""
         why = f"Canceled: nobody watched the task for {after:g} s (no stream, blocking sender or push config)"
-        return cls(
-            task_id,
-            executor,
-            work,
-            timeline,
-            reason=why,
-            span=_telemetry.unwatched_span(task_id, after),
-            path="unwatched",
-            message=why,
-        )
+        span = _telemetry.unwatched_span(task_id, after)
+        return cls(task_id, executor, work, timeline, reason=why, span=span, path="unwatched", message=why)
 
     @classmethod
     def shut_down(
@@ -172,16 +164,8 @@ class Cancellation:
     ) -> Cancellation:
         """The cancel of a run still going when the server shut down; on a span of its own."""
         why = "Canceled: the server shut down before the task finished"
-        return cls(
-            task_id,
-            executor,
-            work,
-            timeline,
-            reason=why,
-            span=_telemetry.shutdown_span(task_id),
-            path="shutdown",
-            message=why,
-        )
+        span = _telemetry.shutdown_span(task_id)
+        return cls(task_id, executor, work, timeline, reason=why, span=span, path="shutdown", message=why)
 
     @classmethod
     def lease_lost(
@@ -190,16 +174,8 @@ class Cancellation:
         """The cancel of a run whose replica could not renew its lease: another replica may soon
         take the task for dead. On a span of its own."""
         why = "Canceled: this server lost contact with its task store"
-        return cls(
-            task_id,
-            executor,
-            work,
-            timeline,
-            reason=why,
-            span=_telemetry.lease_lost_span(task_id),
-            path="lease_lost",
-            message=why,
-        )
+        span = _telemetry.lease_lost_span(task_id)
+        return cls(task_id, executor, work, timeline, reason=why, span=span, path="lease_lost", message=why)
 
     @property
     def late(self) -> bool:
