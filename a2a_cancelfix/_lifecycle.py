@@ -341,8 +341,7 @@ class Lifecycle:
         if self.works.get(task_id) is work:
             del self.works[task_id]
             if self.leases is not None:
-                # A cancelled run's CANCELED may still be on its way: its lease stays till then.
-                self.leases.run_ended(task_id, keep_lease=task_id in self.cancellations)
+                self.leases.run_ended(task_id)
             if self.watchers is not None:
                 self.watchers.run_ended(task_id)
             if self._idle is not None and not self.works:

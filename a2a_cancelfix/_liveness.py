@@ -91,9 +91,12 @@ class Leases:
         self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
-        # Cancelled runs that have returned, their end still to be stored: task id -> owner.
-        # Their rows stay until the store shows the end, so that no exit leaves the task running.
-        self._unwritten: dict[str, str] = {}
+        # The runs here that have returned: task id -> when. A row goes once the store shows
+        # its task no longer running: a run can return before its end is stored (a cancel's
+        # CANCELED being retried, a consumer behind, a store that failed), and should this
+        # replica stop before, the survivors must find the row.
+        self._returned: dict[str, float] = {}
+        self._unleased: set[str] = set()  # Runs whose row could not be inserted: the next renewal's.
         self._registered: asyncio.Future[None] | None = None
         self._inserted = False  # This replica's row was inserted once: a missing one was removed.
         self._renewing: asyncio.Future[None] | None = None
@@ -125,32 +128,27 @@ class Leases:
     async def run_started(self, task_id: str, context: RequestContext) -> None:
         """Lease a run before its ``execute()`` starts: one round trip (the first run also waits
         for the registration, at most a renewal period). A failure is logged and the run goes
-        on, unleased. A run that starts while this replica cannot renew is stopped."""
+        on, its row left to the next renewal. A run that starts while this replica cannot
+        renew is stopped."""
         registered = self.begin()
         if not registered.done():
             await wait_done(registered, deadline_in(self.period))
         try:
             owner = self.store.owner(context.call_context)
             self._runs[task_id] = owner, context.context_id or ""
-            self._unwritten.pop(task_id, None)
+            self._returned.pop(task_id, None)
             await self._write(self._insert_run(task_id, owner))
         except Exception:
-            logger.warning("task %s: could not lease its run; it goes on unleased", task_id, exc_info=True)
+            self._unleased.add(task_id)
+            logger.warning("task %s: could not lease its run; the next renewal does", task_id, exc_info=True)
         if self.fenced:
             in_background(self.lifecycle.lease_lost(task_id, context.context_id or ""))
 
-    def run_ended(self, task_id: str, *, keep_lease: bool = False) -> None:
-        """A run's ``execute()`` has returned: its lease row goes, in the background; unless
-        ``keep_lease``, for a cancelled run whose end is still to be stored: its row goes at
-        the first renewal that finds the end stored. Should this replica stop before, the
-        survivors end the task."""
-        run = self._runs.pop(task_id, None)
-        if run is None:
-            return
-        if keep_lease:
-            self._unwritten[task_id] = run[0]
-        elif not self._closed:
-            in_background(self._forget_run(task_id))
+    def run_ended(self, task_id: str) -> None:
+        """A run's ``execute()`` has returned: its lease row goes with the first renewal, a
+        period on, that finds its task stored no longer running (or not stored at all)."""
+        if self._runs.pop(task_id, None) is not None:
+            self._returned[task_id] = asyncio.get_running_loop().time()
 
     async def aclose(self, deadline: float) -> None:
         """Stop renewing, and remove this replica's rows, by ``deadline``: its runs have ended
@@ -265,17 +263,23 @@ class Leases:
                         len(self._runs),
                     )
                     self.replica_id = _new_id()
-                    self._unwritten.clear()  # Their rows went with the old id's: nothing to keep.
+                    self._returned.clear()  # Their rows went with the old id's: nothing to keep.
                 await self._insert_self(connection)
-                for task_id, (owner, _) in list(self._runs.items()):
-                    await connection.execute(self._run_row(task_id, owner))
-            if self._unwritten:
-                await self._forget_stored_ends(connection)
-            return list(
+                unleased = list(self._runs)
+            else:
+                unleased = [task_id for task_id in self._unleased if task_id in self._runs]
+            attempted = set(self._unleased)
+            for task_id, owner in [(task_id, self._runs[task_id][0]) for task_id in unleased]:
+                await connection.execute(self._run_row(task_id, owner))
+            if self._returned:
+                await self._forget_returned(connection, asyncio.get_running_loop().time() - self.period)
+            rows = list(
                 await connection.execute(
                     sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms)
                 )
             )
+        self._unleased -= attempted  # Committed: each is leased, or its run has returned.
+        return rows
 
     def _renewed(self, sent: float) -> None:
         """A renewal sent at ``sent`` succeeded: the runs here are safe until half a lease from then."""
@@ -470,38 +474,31 @@ class Leases:
         async with self.store.engine.begin() as connection:
             await connection.execute(self._run_row(task_id, owner))
 
-    async def _forget_run(self, task_id: str) -> None:
+    async def _forget_returned(self, connection: Any, before: float) -> None:
+        """Delete the rows of the runs returned by ``before`` whose tasks the store shows no
+        longer running, or does not hold (a run answered with a message alone)."""
         import sqlalchemy as sa
 
+        returned = [task_id for task_id, at in self._returned.items() if at <= before]
+        if not returned:
+            return
+        running = await self.store.running_among(connection, returned)
+        gone = [task_id for task_id in returned if task_id in self._returned and not running.get(task_id)]
+        if not gone:
+            return
         runs = self.tables.runs
-        try:
-            async with self.store.engine.begin() as connection:
-                await connection.execute(
-                    sa.delete(runs).where(
-                        runs.c.store == self.store.table_name,
-                        runs.c.task_id == task_id,
-                        runs.c.replica_id == self.replica_id,
-                    )
-                )
-        except Exception as error:  # Left behind, it is harmless: an end needs a running task.
-            logger.debug("could not remove the lease row of task %s: %r", task_id, error)
-
-    async def _forget_stored_ends(self, connection: Any) -> None:
-        """Delete the rows of the cancelled runs whose end the store now shows."""
-        import sqlalchemy as sa
-
-        runs = self.tables.runs
-        stored = await self.store.past_running(connection, list(self._unwritten))
-        if stored:
-            await connection.execute(
-                sa.delete(runs).where(
-                    runs.c.store == self.store.table_name,
-                    runs.c.replica_id == self.replica_id,
-                    runs.c.task_id.in_(stored),
-                )
+        await connection.execute(
+            sa.delete(runs).where(
+                runs.c.store == self.store.table_name,
+                runs.c.replica_id == self.replica_id,
+                runs.c.task_id.in_(gone),
             )
-            for task_id in stored:
-                self._unwritten.pop(task_id, None)
+        )
+        for task_id in gone:
+            self._returned.pop(task_id, None)
+            run = self._runs.get(task_id)
+            if run is not None:  # Run again meanwhile: its insert may have come before the delete.
+                await connection.execute(self._run_row(task_id, run[0]))
 
     async def _write(self, write: Any) -> None:
         """Await a run row's write, known to `aclose` until it ends."""
@@ -530,16 +527,15 @@ class Leases:
         runs, replicas = self.tables.runs, self.tables.replicas
         mine = sa.and_(runs.c.store == self.store.table_name, runs.c.replica_id == self.replica_id)
         async with self.store.engine.begin() as connection:
-            if self._unwritten:
-                await self._forget_stored_ends(connection)
-            if self._unwritten:
+            await self._forget_returned(connection, math.inf)
+            if self._returned:
                 logger.warning(
-                    "replica %s shut down before the store showed the end of %d cancelled "
-                    "task(s): the other replicas end them",
+                    "replica %s shut down before the store showed %d task(s) of its returned "
+                    "runs ended: the other replicas look at them",
                     self.replica_id,
-                    len(self._unwritten),
+                    len(self._returned),
                 )
-            kept = [*self._runs, *self._unwritten]
+            kept = [*self._runs, *self._returned]
             await connection.execute(sa.delete(runs).where(mine, runs.c.task_id.not_in(kept)))
             if self._runs:
                 logger.warning(

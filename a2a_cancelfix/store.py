@@ -537,17 +537,16 @@ class LeaseStore:
         )
         return [(task_id, owner) for task_id, owner in rows]
 
-    async def past_running(self, connection: Any, task_ids: Collection[str]) -> set[str]:
-        """Those of ``task_ids`` stored in a state past SUBMITTED and WORKING (ended or parked)."""
+    async def running_among(self, connection: Any, task_ids: Collection[str]) -> dict[str, bool]:
+        """Of ``task_ids``, those stored: whether each is SUBMITTED or WORKING."""
         import sqlalchemy as sa
 
         model = self.model
+        state = model.status["state"].as_string()
         rows = await connection.execute(
-            sa.select(model.id).where(
-                model.id.in_(list(task_ids)), model.status["state"].as_string().not_in(_RUNNING_NAMES)
-            )
+            sa.select(model.id, state.in_(_RUNNING_NAMES)).where(model.id.in_(list(task_ids)))
         )
-        return {task_id for (task_id,) in rows}
+        return {task_id: bool(running) for task_id, running in rows}
 
     async def fail(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
         """In ``session``'s transaction, which holds the write lock (SQLite) or locks the rows

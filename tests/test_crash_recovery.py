@@ -304,7 +304,7 @@ class Chaos:
             if not self.proxies[index].flowing.is_set():
                 return
             self.actions.append(f"freeze r{index}")
-            print(f"{time.strftime('%H:%M:%S')} {self.actions[-1]}", flush=True)
+            print(f"{time.time():.3f} {self.actions[-1]}", flush=True)
             self.proxies[index].freeze()
             # The cut's length is the chaos; other chaos goes on meanwhile.
             thawing = asyncio.get_running_loop().call_later(
@@ -314,7 +314,7 @@ class Chaos:
             return
         cut_off = "" if self.proxies[index].flowing.is_set() else " (cut off)"
         self.actions.append(f"{action} r{index}{cut_off}")
-        print(f"{time.strftime('%H:%M:%S')} {self.actions[-1]}", flush=True)
+        print(f"{time.time():.3f} {self.actions[-1]} (pid {replica.pid})", flush=True)
         self.slots[index] = None
         await (replica.kill() if action == "kill" else replica.terminate())
         assert replica.died_at is not None
@@ -412,7 +412,14 @@ async def test_chaos_kills_stops_and_cuts_off_replicas_at_random(tmp_path: Path)
                 if (state in ACTIVE) != bool(alive.get(task_id))
             ]
 
-        await poll(unsettled, lambda found: not found, BOUND)
+        try:
+            await poll(unsettled, lambda found: not found, BOUND)
+        except AssertionError:
+            for task_id, *_ in await unsettled():
+                print(f"task {task_id}: {await world.history(task_id)}")
+                print(f"  its runs: {[noted for noted in world.runs() if noted.task_id == task_id]}")
+            print(f"replicas died: {chaos.died}; alive: {sorted(pids)}; leases: {await world.lease_rows()}")
+            raise
         histories, runs = await world.histories(), world.runs()
         lapsed = 0
         for task_id, history in histories.items():
