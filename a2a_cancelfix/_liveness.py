@@ -3,7 +3,7 @@
 Each handler over a database task store is a replica, with a lease in two tables of ours in
 the store's database: ``a2a_cancelfix_replicas`` (a row per replica, its ``beat`` renewed every
 ``lease_time / 6``) and ``a2a_cancelfix_runs`` (a row per run of ``execute()``, inserted before
-it starts, deleted after it returns). A replica that has seen another's beat unchanged for that
+it starts, deleted once it has returned and the store shows its task no longer running). A replica that has seen another's beat unchanged for that
 one's ``lease_time``, on its own clock, takes it for dead: it removes its row, and then ends,
 once, each task of a run whose replica row is gone, FAILED if the store shows it SUBMITTED or
 WORKING. A replica that has not renewed for half its lease stops its own runs (the
