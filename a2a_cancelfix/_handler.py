@@ -347,6 +347,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         await asyncio.gather(*drains)
         if not await wait_done(closing, drain_by):
             logger.warning("the handler's runs were not all closed by the end of shutdown_drain_time")
+        # After the runs closed: a lease row left for a task still stored running is the
+        # survivors' to end, and must not be one whose end a run was still storing.
+        await lifecycle.end_leases(max(drain_by, deadline_in(margin)))
 
     @_telemetry.traced_as_sdk
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:

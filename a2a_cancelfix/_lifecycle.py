@@ -522,9 +522,12 @@ class Lifecycle:
 
     async def drain(self, deadline: float) -> None:
         """For the handler's shutdown: each pending CANCELED write is tried once more, at once,
-        and waited for until ``deadline`` (see `CanceledWrites.drain`); then this replica's
-        leases end, their rows removed by ``deadline`` (see `Leases.aclose`)."""
+        and waited for until ``deadline`` (see `CanceledWrites.drain`)."""
         await self._writes.drain(deadline)
+
+    async def end_leases(self, deadline: float) -> None:
+        """For the handler's shutdown, once its runs are closed (what they end is stored):
+        this replica's leases end, their rows removed by ``deadline`` (see `Leases.aclose`)."""
         if self.leases is not None:
             await self.leases.aclose(deadline)
 
