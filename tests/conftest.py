@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "soak: a minute of chaos, run by `nox -s soak` only (noxfile.py says why)",
+        "soak: a minute of chaos, run alone after the newest release's other tests (noxfile.py)",
     )
     config.addinivalue_line(
         "markers",
