@@ -99,6 +99,7 @@ class Leases:
         self._unleased: set[str] = set()  # Runs whose row could not be inserted: the next renewal's.
         self._registered: asyncio.Future[None] | None = None
         self._inserted = False  # This replica's row was inserted once: a missing one was removed.
+        self._listed = False  # Its row is committed: a run row of its own is no orphan's.
         self._renewing: asyncio.Future[None] | None = None
         self._attempt: asyncio.Future[None] | None = None
         self._ending: asyncio.Future[None] | None = None
@@ -128,8 +129,8 @@ class Leases:
     async def run_started(self, task_id: str, context: RequestContext) -> None:
         """Lease a run before its ``execute()`` starts: one round trip (the first run also waits
         for the registration, at most a renewal period). A failure is logged and the run goes
-        on, its row left to the next renewal. A run that starts while this replica cannot
-        renew is stopped."""
+        on, its row left to the next renewal, as it is while this replica's own row is not
+        in. A run that starts while this replica cannot renew is stopped."""
         registered = self.begin()
         if not registered.done():
             await wait_done(registered, deadline_in(self.period))
@@ -137,7 +138,10 @@ class Leases:
             owner = self.store.owner(context.call_context)
             self._runs[task_id] = owner, context.context_id or ""
             self._returned.pop(task_id, None)
-            await self._write(self._insert_run(task_id, owner))
+            if not self._listed:  # Alone, its row would be an orphan's: ended by the survivors.
+                self._unleased.add(task_id)
+            else:
+                await self._write(self._insert_run(task_id, owner))
         except Exception:
             self._unleased.add(task_id)
             logger.warning("task %s: could not lease its run; the next renewal does", task_id, exc_info=True)
@@ -182,6 +186,7 @@ class Leases:
                 await self._end_every_running()
             async with self.store.engine.begin() as connection:
                 await self._insert_self(connection)
+            self._listed = True
             self._renewed(sent)
         except Exception:
             logger.warning("could not register this replica's lease; renewing retries it", exc_info=True)
@@ -263,6 +268,7 @@ class Leases:
                         len(self._runs),
                     )
                     self.replica_id = _new_id()
+                    self._listed = False
                     self._returned.clear()  # Their rows went with the old id's: nothing to keep.
                 await self._insert_self(connection)
                 unleased = list(self._runs)
@@ -278,6 +284,7 @@ class Leases:
                     sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms)
                 )
             )
+        self._listed = True
         self._unleased -= attempted  # Committed: each is leased, or its run has returned.
         return rows
 

@@ -767,6 +767,32 @@ async def test_a_run_whose_lease_could_not_be_written_is_leased_by_the_next_rene
 
 
 @pytest.mark.asyncio
+async def test_a_run_started_before_its_replica_is_registered_is_leased_once_it_is(
+    database: Database, reader: Reader
+) -> None:
+    """A's registration fails (its store cut off from the lease table): a run it starts is not
+    leased until A's own row is in, else B would take the run's row for an orphan's and end
+    the task while it runs. Once A registers, the run is leased."""
+    survivor = replica("ours", database.engine())
+    await survivor.handler._lifecycle.leases.begin()  # The tables are there.
+    engine = database.engine()
+    cut = Cut(engine)
+    cut.on = True
+    runner = replica("ours", engine)
+    await start(runner)
+    task_id = runner.executor.task_id or ""
+    leases = runner.handler._lifecycle.leases
+    assert not await _leased_by(reader, task_id, leases.replica_id)
+    cut.on = False
+    assert await until(lambda: _leased_by(reader, task_id, leases.replica_id), LEASE)
+    assert not await _replica_gone(reader, leases.replica_id)
+    assert await reader.state(task_id) == WORKING
+    runner.executor.step.open()
+    for server in (runner, survivor):
+        await server.handler.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_cancelled_runs_lease_row_goes_once_its_canceled_is_stored(
     database: Database, reader: Reader
 ) -> None:
