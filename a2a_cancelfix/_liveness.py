@@ -3,10 +3,10 @@
 Each handler over a database task store is a replica, with a lease in two tables of ours in
 the store's database: ``a2a_cancelfix_replicas`` (a row per replica, its ``beat`` renewed every
 ``lease_time / 6``) and ``a2a_cancelfix_runs`` (a row per run of ``execute()``, inserted before
-it starts, deleted once it has returned and the store shows its task no longer running). A replica that has seen another's beat unchanged for that
-one's ``lease_time``, on its own clock, takes it for dead: it removes its row, and then ends,
-once, each task of a run whose replica row is gone, FAILED if the store shows it SUBMITTED or
-WORKING. A replica that has not renewed for half its lease stops its own runs (the
+it starts, deleted once it has returned and the store shows its task no longer running). A
+replica that has seen another's beat unchanged for that one's ``lease_time``, on its own clock,
+takes it for dead: it removes its row, and then ends, once, each task of a run whose replica
+row is gone, FAILED if the store shows it SUBMITTED or WORKING. A replica that has not renewed for half its lease stops its own runs (the
 ``lease_lost`` cancel), so that none is still running when another can take it for dead.
 """
 
@@ -17,7 +17,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from a2a.types import Task, TaskState, TaskStatusUpdateEvent
@@ -271,12 +271,8 @@ class Leases:
                     self._listed = False
                     self._returned.clear()  # Their rows went with the old id's: nothing to keep.
                 await self._insert_self(connection)
-                unleased = list(self._runs)
-            else:
-                unleased = [task_id for task_id in self._unleased if task_id in self._runs]
             attempted = set(self._unleased)
-            for task_id, owner in [(task_id, self._runs[task_id][0]) for task_id in unleased]:
-                await connection.execute(self._run_row(task_id, owner))
+            await self._insert_runs(connection, self._runs if updated.rowcount == 0 else attempted)
             if self._returned:
                 await self._forget_returned(connection, asyncio.get_running_loop().time() - self.period)
             rows = list(
@@ -481,6 +477,12 @@ class Leases:
         async with self.store.engine.begin() as connection:
             await connection.execute(self._run_row(task_id, owner))
 
+    async def _insert_runs(self, connection: Any, task_ids: Collection[str]) -> None:
+        """Insert the rows of those of ``task_ids`` that run here."""
+        running = [(task_id, self._runs[task_id][0]) for task_id in task_ids if task_id in self._runs]
+        for task_id, owner in running:  # Taken first: a run may return during the awaits.
+            await connection.execute(self._run_row(task_id, owner))
+
     async def _forget_returned(self, connection: Any, before: float) -> None:
         """Delete the rows of the runs returned by ``before`` whose tasks the store shows no
         longer running, or does not hold (a run answered with a message alone)."""
@@ -516,8 +518,8 @@ class Leases:
 
     async def _remove_self(self) -> None:
         """Remove this replica's rows; but leave those of runs here that have not returned, and
-        of cancelled runs whose end the store does not show: the survivors end their tasks,
-        once the lease lapses where a run has not returned, else at once."""
+        of returned runs whose tasks the store shows still running: the survivors end those
+        tasks, once the lease lapses where a run has not returned, else at once."""
         try:
             await self._remove_rows()
         except Exception:
@@ -534,6 +536,7 @@ class Leases:
         runs, replicas = self.tables.runs, self.tables.replicas
         mine = sa.and_(runs.c.store == self.store.table_name, runs.c.replica_id == self.replica_id)
         async with self.store.engine.begin() as connection:
+            await self._insert_runs(connection, self._unleased)  # Late, but before the lease lapses.
             await self._forget_returned(connection, math.inf)
             if self._returned:
                 logger.warning(
