@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,9 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from a2a_cancelfix.testing import PushReceiver, Stream
 
+from . import serving
 from .support import drop_schema
 
-SERVER = Path(__file__).parent / "crash_server.py"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 HEADERS = {"A2A-Version": "1.0"}
@@ -229,24 +227,16 @@ class Replica:
     @classmethod
     async def start(cls, world: Shared, name: str, proxy: Proxy | None = None, **environment: str) -> Replica:
         log = world.runlog.with_name(f"{name}.{uuid.uuid4().hex[:6]}.log")
-        arguments = [str(SERVER), world.replica_url(proxy.port if proxy else None)]
+        arguments = [world.replica_url(proxy.port if proxy else None)]
         arguments += [world.schema] if world.schema else []
         with log.open("wb") as errors:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                *arguments,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=errors,
-                cwd=str(SERVER.parent.parent),
-                env={**os.environ, "A2ACF_RUNLOG": str(world.runlog), **environment},
-            )
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), START)
-        if not line.startswith(b"READY "):
-            process.kill()
-            raise RuntimeError(f"replica did not start: {line!r}\n{log.read_text()}")
-        return cls(process, int(line.split()[1]), log)
+            try:
+                process, port = await serving.start(
+                    "crash_server", *arguments, errors=errors, A2ACF_RUNLOG=str(world.runlog), **environment
+                )
+            except RuntimeError as error:
+                raise RuntimeError(f"{error}\n{log.read_text()}") from error
+        return cls(process, port, log)
 
     @property
     def pid(self) -> int:

@@ -1,6 +1,6 @@
 """One replica for the crash-recovery tests: runs that never end by themselves, on a shared store.
 
-Run as ``python tests/crash_server.py DATABASE_URL [SCHEMA]``; it prints ``READY <port>`` once it
+Run as ``python -m tests.crash_server DATABASE_URL [SCHEMA]``; it prints ``READY <port>`` once it
 serves on 127.0.0.1 and stops as uvicorn does at SIGTERM (its lifespan closing the handler) or
 when its standard input closes, so it never outlives the test that started it. Options, from
 the environment:
@@ -26,16 +26,13 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import uvicorn
-from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import EventQueue
@@ -45,14 +42,14 @@ from a2a.server.tasks import (
     BasePushNotificationSender,
     DatabasePushNotificationConfigStore,
     DatabaseTaskStore,
-    TaskUpdater,
 )
-from a2a.types import AgentCapabilities, AgentCard, TaskState
+from a2a.types import AgentCapabilities, AgentCard
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable
 from a2a_cancelfix.notices import PostgresNotices, RedisNotices
+from tests.serving import begin, serve
 
 STEP_SECONDS = 0.02
 GRACE = 0.5
@@ -69,13 +66,8 @@ class EndlessExecutor(AgentExecutor):
             os.write(self._log, f"{time.time():.6f} {os.getpid()} {event} {task_id}\n".encode())
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        task_id, context_id = context.task_id or "", context.context_id or ""
-        if context.current_task is None:
-            history = [context.message] if context.message else []
-            await event_queue.enqueue_event(
-                new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=history)
-            )
-        updater = TaskUpdater(event_queue, task_id, context_id)
+        updater = await begin(context, event_queue)
+        task_id = context.task_id or ""
         if context.get_user_input() == "park":
             await updater.requires_input()
             return
@@ -157,16 +149,10 @@ def build(url: str, schema: str | None) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-async def serve(url: str, schema: str | None) -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)  # Connections wait in the backlog until uvicorn accepts them.
+async def main(url: str, schema: str | None) -> None:
     config = uvicorn.Config(build(url, schema), log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    threading.Thread(target=_exit_when_stdin_closes, args=(server,), daemon=True).start()
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _print_tasks)
-    print(f"READY {sock.getsockname()[1]}", flush=True)
-    await server.serve(sockets=[sock])
+    await serve(uvicorn.Server(config))
 
 
 def _print_tasks() -> None:
@@ -175,12 +161,7 @@ def _print_tasks() -> None:
         task.print_stack(limit=8, file=sys.stderr)
 
 
-def _exit_when_stdin_closes(server: uvicorn.Server) -> None:
-    sys.stdin.read()
-    server.should_exit = True
-
-
 if __name__ == "__main__":
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("a2a_cancelfix").setLevel(logging.INFO)
-    asyncio.run(serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))
+    asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))

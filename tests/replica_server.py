@@ -1,6 +1,6 @@
 """One replica of an A2A server for the multi-process tests: our handler on a shared store.
 
-Run as ``python tests/replica_server.py DATABASE_URL [SCHEMA]``; it prints ``READY <port>``
+Run as ``python -m tests.replica_server DATABASE_URL [SCHEMA]``; it prints ``READY <port>``
 once it serves on 127.0.0.1, and exits when its standard input closes, so it never outlives
 the test that started it. ``A2ACF_NOTICES`` (``postgres`` or a Redis URL) gives its store
 notices, ``A2ACF_POLL`` its poll interval, and ``A2ACF_CLUSTER`` puts it in upstream's
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
-import threading
 
 import httpx
 import uvicorn
-from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import EventQueue
@@ -26,15 +23,15 @@ from a2a.server.tasks import (
     BasePushNotificationSender,
     DatabaseTaskStore,
     InMemoryPushNotificationConfigStore,
-    TaskUpdater,
 )
-from a2a.types import AgentCapabilities, AgentCard, TaskState
+from a2a.types import AgentCapabilities, AgentCard
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable
+from tests.serving import begin, serve
 
 POLL_INTERVAL = float(os.environ.get("A2ACF_POLL", 0.2))
 STEP_SECONDS = 0.02
@@ -49,13 +46,8 @@ class StepExecutor(AgentExecutor):
         self.stopped: list[str] = []
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        task_id, context_id = context.task_id or "", context.context_id or ""
-        if context.current_task is None:
-            history = [context.message] if context.message else []
-            await event_queue.enqueue_event(
-                new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=history)
-            )
-        updater = TaskUpdater(event_queue, task_id, context_id)
+        updater = await begin(context, event_queue)
+        task_id = context.task_id or ""
         try:
             await updater.start_work()
             for _ in range(STEPS):
@@ -119,20 +111,9 @@ def build(url: str, schema: str | None) -> Starlette:
     return Starlette(routes=routes)
 
 
-async def serve(url: str, schema: str | None) -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)  # Connections wait in the backlog until uvicorn accepts them.
-    server = uvicorn.Server(uvicorn.Config(build(url, schema), log_level="warning", lifespan="off"))
-    threading.Thread(target=_exit_when_stdin_closes, args=(server,), daemon=True).start()
-    print(f"READY {sock.getsockname()[1]}", flush=True)
-    await server.serve(sockets=[sock])
-
-
-def _exit_when_stdin_closes(server: uvicorn.Server) -> None:
-    sys.stdin.read()
-    server.should_exit = True
+async def main(url: str, schema: str | None) -> None:
+    await serve(uvicorn.Server(uvicorn.Config(build(url, schema), log_level="warning", lifespan="off")))
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))
+    asyncio.run(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))

@@ -1,6 +1,6 @@
 """An A2A server under uvicorn, to be stopped with SIGTERM as a deploy stops it (test_sigterm.py).
 
-Run as ``python tests/sigterm_server.py stock|ours|patched DATABASE_URL`` (``patched``: the
+Run as ``python -m tests.sigterm_server stock|ours|patched DATABASE_URL`` (``patched``: the
 SDK's handler, built after ``a2a_cancelfix.patch()``, as a framework would build it); it prints ``READY <port>``
 once it serves on 127.0.0.1 (JSON-RPC at ``/``, REST under ``/rest``), and exits when its
 standard input closes, so it never outlives the test that started it. Its lifespan's shutdown
@@ -16,14 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
-import threading
 from collections.abc import AsyncIterator, Callable
 
 import httpx
 import uvicorn
-from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import EventQueue
@@ -33,13 +30,13 @@ from a2a.server.tasks import (
     BasePushNotificationSender,
     DatabaseTaskStore,
     InMemoryPushNotificationConfigStore,
-    TaskUpdater,
 )
-from a2a.types import AgentCapabilities, AgentCard, TaskState
+from a2a.types import AgentCapabilities, AgentCard
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.applications import Starlette
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, cancellable, patch
+from tests.serving import begin, serve
 
 DRAIN = float(os.environ.get("A2ACF_DRAIN", 1.0))  # shutdown_drain_time
 GRACE = 1.0  # cancel_grace_period
@@ -55,13 +52,7 @@ class Executor(AgentExecutor):
         self.exiting = exiting
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        task_id, context_id = context.task_id or "", context.context_id or ""
-        if context.current_task is None:
-            history = [context.message] if context.message else []
-            await event_queue.enqueue_event(
-                new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED, history=history)
-            )
-        updater = TaskUpdater(event_queue, task_id, context_id)
+        updater = await begin(context, event_queue)
         await updater.start_work()
         if context.get_user_input() == "finish":
             while not self.exiting():
@@ -117,22 +108,12 @@ def build(kind: str, url: str, exiting: Callable[[], bool]) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-async def serve(kind: str, url: str) -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)  # Connections wait in the backlog until uvicorn accepts them.
+async def main(kind: str, url: str) -> None:
     # uvicorn's handler of the exit signal sets should_exit.
     app = build(kind, url, lambda: server.should_exit)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    threading.Thread(target=_exit_when_stdin_closes, args=(server,), daemon=True).start()
-    print(f"READY {sock.getsockname()[1]}", flush=True)
-    await server.serve(sockets=[sock])
-
-
-def _exit_when_stdin_closes(server: uvicorn.Server) -> None:
-    sys.stdin.read()
-    server.should_exit = True
+    await serve(server)
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,13 +24,13 @@ from google.protobuf import json_format
 from a2a_cancelfix import _sdk
 from a2a_cancelfix.testing import PushReceiver, Stream
 
+from . import serving
 from .test_store import open_database
 
 # Server processes take seconds to start; what they add to the in-process twins (test_replicas,
 # test_notices, test_cluster: on every release) does not differ between releases (noxfile.py).
 pytestmark = pytest.mark.edges_only
 
-SERVER = Path(__file__).parent / "replica_server.py"
 HEADERS = {"A2A-Version": "1.0"}
 BOUND = 20.0  # Poll interval (0.2 s) plus a step (0.02 s), with room for a loaded machine.
 
@@ -45,20 +43,10 @@ class Replica:
 
     @classmethod
     async def start(cls, url: str, schema: str | None, **environment: str) -> Replica:
-        arguments = [str(SERVER), url] + ([schema] if schema else [])
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *arguments,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=str(SERVER.parent.parent),
-            env={**os.environ, **environment},
+        process, port = await serving.start(
+            "replica_server", url, *([schema] if schema else []), **environment
         )
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        if not line.startswith(b"READY "):
-            process.kill()
-            raise RuntimeError(f"replica did not start: {line!r}")
-        return cls(process, int(line.split()[1]))
+        return cls(process, port)
 
     async def stop(self) -> None:
         self.process.stdin.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 import types
@@ -43,9 +42,9 @@ from a2a_cancelfix.testing import (
     within,
 )
 
+from . import serving
 from .sigterm_server import DRAIN, GRACE
 
-SERVER = Path(__file__).parent / "sigterm_server.py"
 HEADERS = {"A2A-Version": "1.0"}
 # aclose()'s bound (docs/behaviour.md), from the signal; then uvicorn's own steps to its exit.
 SHUTDOWN_BOUND = DRAIN + GRACE + 3.0
@@ -199,21 +198,8 @@ class SigtermServer:
 
     @classmethod
     async def start(cls, kind: str, url: str, **environment: str) -> SigtermServer:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(SERVER),
-            kind,
-            url,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=str(SERVER.parent.parent),
-            env={**os.environ, **environment},
-        )
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        if not line.startswith(b"READY "):
-            process.kill()
-            raise RuntimeError(f"server did not start: {line!r}")
-        return cls(process, int(line.split()[1]))
+        process, port = await serving.start("sigterm_server", kind, url, **environment)
+        return cls(process, port)
 
     async def exited(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for the process to exit; whether it has."""
