@@ -448,7 +448,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 if end is not None:
                     yield end
                 return
-            task_id = _task_id_of(event)
+            task_id = event.id if type(event) is Task else event.task_id  # _task_id_of(), inline.
             if follow_up and _ended_without_it(state) and lifecycle.follow_up_unprocessed(message_id):
                 raise ended_first(params, state)
             if self._remote.refused_tasks and task_id in self._remote.refused_tasks:
@@ -458,7 +458,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             # read to there (closing it instead would leave its inner stream to the garbage
             # collector's finalizer, a cost on every message), at once if the run has returned,
             # else in the background.
-            if lifecycle.busy(task_id):
+            if task_id in lifecycle.works or task_id in lifecycle.cancellations:  # busy(), inline.
                 drained = True
                 in_background(drain(events))
                 return

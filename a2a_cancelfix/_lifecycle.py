@@ -78,15 +78,16 @@ class Lifecycle:
         probe: a2a_cancelfix.testing's sweep, which sees each run's cancel points.
     """
 
-    # Until `bind`: the SDK's own cancel drives, and the work runs apart.
-    handler: DefaultRequestHandlerV2 | None = None
-    inline = False
-    writes: CanceledWrites | None = None
-    remote: RemoteCancels | None = None
-    watchers: Watchers | None = None
-    leases: Leases | None = None
-
     def __init__(self, executor: AgentExecutor, settings: Settings, *, probe: Probe | None = None) -> None:
+        # Until `bind`: the SDK's own cancel drives, and the work runs apart. Instance
+        # attributes, not the class's defaults: every message reads some of them, and Python
+        # 3.11 reads a class's default through a generic lookup, several times slower.
+        self.handler: DefaultRequestHandlerV2 | None = None
+        self.inline = False
+        self.writes: CanceledWrites | None = None
+        self.remote: RemoteCancels | None = None
+        self.watchers: Watchers | None = None
+        self.leases: Leases | None = None
         self.executor = executor
         self.name = executor.__class__.__name__  # A proxy's too, as isinstance sees it.
         self.settings = settings
@@ -329,9 +330,9 @@ class Lifecycle:
         remote = self.remote
         if remote is not None and remote.on_lookout:
             look = functools.partial(self._look, context, queue)
-            work = Work(task_id, context.call_context, look, remote.interval, self.probe)
+            work = Work(task_id, context, look, remote.interval, self.probe)
         else:
-            work = Work(task_id, context.call_context, None, math.inf, self.probe)
+            work = Work(task_id, context, None, math.inf, self.probe)
         self.works[task_id] = work
         return work
 

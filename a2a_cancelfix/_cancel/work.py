@@ -13,6 +13,7 @@ from a2a_cancelfix._aio import Once, suspended_on
 from a2a_cancelfix.checkpoints import Probe, Run, enter_run, leave_run
 
 if TYPE_CHECKING:
+    from a2a.server.agent_execution import RequestContext
     from a2a.server.context import ServerCallContext
 
 logger = logging.getLogger("a2a_cancelfix")
@@ -30,8 +31,6 @@ class Work(Run):
     runner: asyncio.Task[Any] | None = None
     settled: asyncio.Future[None] | None = None  # Apart: ended or abandoned.
     ended = False
-    # Its queue carried the task's terminal state (see `RunQueue`): nothing more goes in.
-    task_ended = False
     interrupted = False
     abandoned = False
     # The await the work was suspended at when the cancel came, not yet done (None: it was
@@ -44,13 +43,21 @@ class Work(Run):
     def __init__(
         self,
         task_id: str,
-        caller: ServerCallContext,
+        context: RequestContext,
         watch: Callable[[], Awaitable[None]] | None = None,
         interval: float = math.inf,
         probe: Probe | None = None,
     ) -> None:
-        super().__init__(task_id, watch, interval, probe)
-        self.caller = caller  # Who sent the message it runs: a shutdown reads its task as them.
+        Run.__init__(self, task_id, watch, interval, probe)  # Not super(): one for every message.
+        self.context = context  # The request it runs.
+        # Its queue carried the task's terminal state (see `RunQueue`): nothing more goes in.
+        # Set here, not a default of the class: every enqueue reads it (see `Run`).
+        self.task_ended = False
+
+    @property
+    def caller(self) -> ServerCallContext:
+        """Who sent the message it runs: a shutdown reads its task as them."""
+        return self.context.call_context
 
     def signalled(self) -> None:
         """The cancel has come, its callbacks not fired yet: note where the work waits."""
