@@ -199,14 +199,13 @@ class Leases:
         creations at once collide (PostgreSQL)."""
         if self._tables_ready:
             return
-        metadata = self.tables.metadata
         try:
             async with self.store.engine.begin() as connection:
-                await connection.run_sync(metadata.create_all, checkfirst=True)
+                await connection.run_sync(self.tables.create)
         except Exception:
             # Another replica created them at the same time (PostgreSQL): they are there now.
             async with self.store.engine.begin() as connection:
-                await connection.run_sync(metadata.create_all, checkfirst=True)
+                await connection.run_sync(self.tables.create)
         self._tables_ready = True
 
     async def _insert_self(self, connection: Any) -> None:
@@ -599,3 +598,13 @@ class _Tables:
             sa.Column("replica_id", sa.String(64), nullable=False, index=True),
             sa.Column("owner", sa.String(255), nullable=False),
         )
+
+    def create(self, connection: Any) -> None:
+        """Create what is missing, ``IF NOT EXISTS``: a check first, then a create, is a race
+        another replica's creation can win (SQLite then fails the create)."""
+        import sqlalchemy as sa
+
+        for table in self.metadata.sorted_tables:
+            connection.execute(sa.schema.CreateTable(table, if_not_exists=True))
+            for index in table.indexes:
+                connection.execute(sa.schema.CreateIndex(index, if_not_exists=True))

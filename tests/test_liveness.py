@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
+import sqlite3
 import threading
 import time
 import uuid
@@ -790,6 +792,32 @@ async def test_a_run_started_before_its_replica_is_registered_is_leased_once_it_
     runner.executor.step.open()
     for server in (runner, survivor):
         await server.handler.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_replica_registers_though_another_creates_the_tables_meanwhile(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two replicas start at once on one SQLite file: the other creates each of our tables just
+    before this one does. This one registers all the same, with no warning (its check, then
+    its create, lost that race and failed the registration until the next renewal)."""
+    path = tmp_path / "tasks.db"
+    engine = create_async_engine(f"sqlite+aiosqlite:///{path}")
+
+    def the_other_first(connection: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().startswith("CREATE TABLE") and "a2a_cancelfix_" in statement:
+            create = re.sub(r"^\s*CREATE TABLE (IF NOT EXISTS )?", "CREATE TABLE IF NOT EXISTS ", statement)
+            with contextlib.closing(sqlite3.connect(path)) as other:
+                other.execute(create)
+                other.commit()
+
+    event.listen(engine.sync_engine, "before_cursor_execute", the_other_first)
+    server = replica("ours", engine)
+    with caplog.at_level(logging.WARNING, "a2a_cancelfix"):
+        await within(server.handler._lifecycle.leases.begin())
+    assert [record.getMessage() for record in caplog.records if record.name == "a2a_cancelfix"] == []
+    await server.handler.aclose()
+    await engine.dispose()
 
 
 @pytest.mark.asyncio
