@@ -174,17 +174,19 @@ def tests(session: nox.Session, sdk: str) -> None:
     selection = ["-m", "not soak"] if sdk in EDGES else ["-m", "not edges_only"]
     # Four workers on two cores: most of the suite waits (server processes starting, databases,
     # timers, grace periods), so two kept the cores half idle. On an idle machine a middle
-    # release took 102 s with two, 59 s with four, 56 s with six (at a fifth more CPU). On a
-    # machine busy with other work (load 8-11), three or four starved the scenarios' 2.5 s
-    # bounds: `-- -n 2` there.
+    # release took 102 s with two, 59 s with four, 56 s with six (at a fifth more CPU). The
+    # edges' own tests wait far more (leases run out, processes are killed and restarted): six
+    # there, 1.0.0 took 143 s against 257 s with four. On a machine busy with other work (load
+    # 8-11), three or four starved the scenarios' 2.5 s bounds: `-- -n 2` there.
+    workers = "--numprocesses=6" if sdk in EDGES else "--numprocesses=4"
     # With bytecode written (PYTHONDONTWRITEBYTECODE is set on some CI images), every worker and
     # every interpreter a test starts would compile the package, the tests and the SDK anew.
     run = ("pytest", *selection)
     environment = {"PYTHONDONTWRITEBYTECODE": None}
     if session.posargs:
-        session.run(*run, "--numprocesses=4", *session.posargs, env=environment)
+        session.run(*run, workers, *session.posargs, env=environment)
         return
-    session.run(*run, "--numprocesses=4", f"--ignore={OWN_PROCESS}", env=environment)
+    session.run(*run, workers, f"--ignore={OWN_PROCESS}", env=environment)
     session.run(*run, "-p", "no:xdist", OWN_PROCESS, env=environment)
     if sdk == SOAK_RELEASE:
         session.run("pytest", "-p", "no:xdist", "-m", "soak", SOAKED, env=environment)
