@@ -661,6 +661,17 @@ async def test_aclose_removes_the_replicas_lease_rows_and_leaves_the_survivors_n
     assert lapsed_ends(caplog) == []
 
 
+async def _left_to_the_survivor(reader: Reader, task_id: str, replica_id: str) -> None:
+    """A replica stopped with ``task_id`` stored WORKING and nothing running it: its own row is
+    gone, its run's stayed, so the survivor ends the task FAILED at its next look (a renewal
+    period, not a lease) and claims the row."""
+    assert await reader.state(task_id) == WORKING
+    assert await _replica_gone(reader, replica_id)
+    assert await reader.reaches(task_id, FAILED, LEASE / 6 + 4.0)
+    assert status_text(await reader.task(task_id)) == LAPSED
+    assert await until(lambda: _gone(reader, task_id))
+
+
 class EndsRefused(wrapt.ObjectProxy):  # type: ignore[misc]
     """A guarded store whose saves of a terminal state fail: the store cut off as a run ends."""
 
@@ -702,11 +713,7 @@ async def test_a_shutdown_that_could_not_store_canceled_leaves_the_task_to_a_sur
     leases = runner.handler._lifecycle.leases
     assert await until(lambda: _leased_by(reader, task_id, leases.replica_id))
     await within(runner.handler.aclose(), 5.0)
-    assert await reader.state(task_id) == WORKING  # The CANCELED never landed.
-    assert await _replica_gone(reader, leases.replica_id)
-    assert await reader.reaches(task_id, FAILED, LEASE / 6 + 4.0)
-    assert status_text(await reader.task(task_id)) == LAPSED
-    assert await until(lambda: _gone(reader, task_id))
+    await _left_to_the_survivor(reader, task_id, leases.replica_id)  # The CANCELED never landed.
     assert len(lapsed_ends(caplog)) == 1
     await survivor.handler.aclose()
 
@@ -730,10 +737,8 @@ async def test_a_run_that_returned_before_its_end_was_stored_leaves_its_task_to_
     runner.executor.step.open()
     await within(runner.executor.stopped.wait())
     await within(runner.handler.aclose(), 5.0)
-    assert await reader.state(task_id) == WORKING  # Its end never landed.
-    assert await reader.reaches(task_id, FAILED, LEASE / 6 + 4.0)
-    assert status_text(await reader.task(task_id)) == LAPSED
-    assert await until(lambda: _gone(reader, task_id))
+    await _left_to_the_survivor(reader, task_id, leases.replica_id)  # Its end never landed.
+    assert len(lapsed_ends(caplog)) == 1
     await survivor.handler.aclose()
 
 
