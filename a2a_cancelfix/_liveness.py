@@ -24,6 +24,7 @@ from a2a.types import Task, TaskState, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, in_background, wait_done
+from a2a_cancelfix._databases import Dialect, create_index
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import RequestContext
@@ -87,7 +88,7 @@ class Leases:
         self.pushes, self.noticed = pushes, noticed
         self.replica_id = _new_id()
         self.fenced = False  # No renewal for half a lease: the runs here are being stopped.
-        self.tables = _Tables()
+        self.tables = _Tables(store.dialect)
         self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
@@ -455,22 +456,13 @@ class Leases:
 
     def _run_row(self, task_id: str, owner: str) -> Any:
         """Insert, or take over, the lease row of a run of ``task_id`` here."""
-        from sqlalchemy.dialects import postgresql, sqlite
-
-        insert = (postgresql.insert if self.store.engine.dialect.name == "postgresql" else sqlite.insert)(
-            self.tables.runs
-        )
         values = {
             "store": self.store.table_name,
             "task_id": task_id,
             "replica_id": self.replica_id,
             "owner": owner,
         }
-        statement = insert.values(values)
-        return statement.on_conflict_do_update(
-            index_elements=["store", "task_id"],
-            set_={"replica_id": statement.excluded.replica_id, "owner": statement.excluded.owner},
-        )
+        return self.store.dialect.upsert(self.tables.runs, values, ("replica_id", "owner"))
 
     async def _insert_run(self, task_id: str, owner: str) -> None:
         async with self.store.engine.begin() as connection:
@@ -579,9 +571,10 @@ def _new_id() -> str:
 class _Tables:
     """Our two tables (SQLAlchemy is there with a2a-sdk's database extras only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dialect: Dialect) -> None:
         import sqlalchemy as sa
 
+        self.dialect = dialect
         self.metadata = sa.MetaData()
         self.replicas = sa.Table(
             REPLICAS,
@@ -607,4 +600,4 @@ class _Tables:
         for table in self.metadata.sorted_tables:
             connection.execute(sa.schema.CreateTable(table, if_not_exists=True))
             for index in table.indexes:
-                connection.execute(sa.schema.CreateIndex(index, if_not_exists=True))
+                create_index(connection, index, self.dialect)

@@ -590,7 +590,7 @@ def is_versioned_database_store(store: object) -> bool:
 
 
 def versioned_engine(store: Any) -> Any:
-    return store._db.engine  # The DatabaseTaskStore it delegates to: 1.3.0
+    return store._db.engine  # The DatabaseTaskStore it delegates to: 1.2.0-1.3.0
 
 
 async def versioned_tables_ready(store: Any) -> None:

@@ -37,7 +37,7 @@ from a2a.types import (
     TaskStatusUpdateEvent,
 )
 
-from a2a_cancelfix import _sdk, _telemetry
+from a2a_cancelfix import _databases, _sdk, _telemetry
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix.notices import LocalNotices, notices_for
 
@@ -208,60 +208,37 @@ def _refusal_level(stored: int, refused: int) -> int:
 
 
 def guardable(store: Any) -> bool:
-    """Whether a `FinalStateTaskStore` can wrap ``store``: exactly one of the SDK's stores
-    (the guard writes through their insides, past a subclass's own save)."""
-    return type(store) in (InMemoryTaskStore, DatabaseTaskStore) or _sdk.is_versioned_database_store(store)
+    """Whether a `FinalStateTaskStore` can wrap ``store``: exactly one of the SDK's stores (the
+    guard writes through their insides, past a subclass's own save), on a database it knows."""
+    if type(store) is InMemoryTaskStore:
+        return True
+    if type(store) is DatabaseTaskStore:
+        return _databases.known(_sdk.database_engine(store))
+    return _sdk.is_versioned_database_store(store) and _databases.known(_sdk.versioned_engine(store))
 
 
 def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
-    """Return the guarded write for a DatabaseTaskStore: one conditional upsert.
+    """Return the guarded write for a DatabaseTaskStore: one transaction, on the SDK's own row.
 
-    One statement in one transaction, on the SDK's own row: ``INSERT ... ON CONFLICT (id) DO
-    UPDATE ... WHERE`` the stored ``status ->> 'state'`` is NULL or not terminal, ``RETURNING
-    id``. The state is stored as the enum name, or as the v0.3 value in an older row: both
-    count. SQLite serialises writers; PostgreSQL locks the conflicting row and evaluates the
-    WHERE on its latest committed version. No row returned means refused.
+    The row is written where the stored ``status ->> 'state'`` is NULL or not terminal, in the
+    database's own way (`_databases`); the state is stored as the enum name, or as the v0.3
+    value in an older row: both count. Nothing written means refused.
     """
     # SQLAlchemy is only there with a2a-sdk's database extras, so it is imported here.
     import sqlalchemy as sa
-    from sqlalchemy.dialects import postgresql, sqlite
 
-    dialect = store.engine.dialect.name
-    upserts: dict[str, Callable[[Any], sqlite.Insert | postgresql.Insert]] = {
-        "sqlite": sqlite.insert,
-        "postgresql": postgresql.insert,
-    }
-    upsert = upserts.get(dialect)
-    if upsert is None:
-        raise TypeError(
-            f"FinalStateTaskStore guards a DatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
-        )
-
-    def statement(row: Any) -> Any:
-        mapper = sa.inspect(type(row))
-        table = mapper.local_table
-        # The columns the SDK's merge would write: those the row sets.
-        given = sa.inspect(row).dict
-        values = {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
-        insert = upsert(table).values(values)
-        # A row without a state (MessageToDict omits UNSPECIFIED) is not terminal, but
-        # NOT IN alone would read its NULL as "refuse".
-        stored_state = table.c.status["state"].as_string()
-        return insert.on_conflict_do_update(
-            index_elements=list(table.primary_key),
-            set_={c: insert.excluded[c.key] for c in values if not c.primary_key},
-            where=sa.or_(stored_state.is_(None), stored_state.not_in(_TERMINAL_NAMES)),
-        ).returning(*table.primary_key)
+    save_unless = _databases.dialect_of(store.engine, "FinalStateTaskStore's guard").save_unless
 
     async def write(task: Task, context: ServerCallContext) -> int | None:
         await store.initialize()  # creates the table once, as the SDK's save does
         row = _sdk.database_row(store, task, context)
+        table = sa.inspect(type(row)).local_table
         async with _sdk.database_transaction(store) as session:
-            if (await session.execute(statement(row))).first() is not None:
+            if await save_unless(session, table, _row_values(row), _live(table)):
                 if task.status.state == CANCELED:
                     await announce_in(session, task.id)
                 return None
-            # Only for the WARNING: the statement above has already decided.
+            # Only for the WARNING: the write above has already decided.
             model = type(row)
             kept = await session.scalar(sa.select(model).where(model.id == task.id))
             if kept is None:  # deleted by another writer between the two statements
@@ -269,6 +246,24 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
             return _sdk.task_from_row(store, kept).status.state
 
     return _to_the_end(write)
+
+
+def _row_values(row: Any) -> dict[Any, Any]:
+    """The columns the SDK's merge of ``row`` would write: those the row sets."""
+    import sqlalchemy as sa
+
+    mapper = sa.inspect(type(row))
+    given = sa.inspect(row).dict
+    return {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
+
+
+def _live(table: Any) -> Any:
+    """Whether a stored task row is not terminal. A row without a state (MessageToDict omits
+    UNSPECIFIED) is not terminal, but NOT IN alone would read its NULL as terminal."""
+    import sqlalchemy as sa
+
+    stored_state = table.c.status["state"].as_string()
+    return sa.or_(stored_state.is_(None), stored_state.not_in(_TERMINAL_NAMES))
 
 
 def _to_the_end(write: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -361,11 +356,7 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
     """
     import sqlalchemy as sa
 
-    dialect = _sdk.versioned_engine(store).dialect.name
-    if dialect not in ("sqlite", "postgresql"):
-        raise TypeError(
-            f"FinalStateTaskStore guards a VersionedDatabaseTaskStore on SQLite or PostgreSQL, not {dialect}"
-        )
+    dialect = _databases.dialect_of(_sdk.versioned_engine(store), "FinalStateTaskStore's guard")
     versions, journal = _sdk.version_model(store), _sdk.journal_model(store)
     TaskVersion, Conflict = _sdk.TaskVersion, _sdk.ConcurrentTaskModificationError  # noqa: N806 (classes)
 
@@ -373,7 +364,7 @@ def _versioned_write(store: Any, announce_in: _Announce) -> Any:
         row = _sdk.versioned_row(store, task, owner)
         this = sa.and_(versions.task_id == task.id, versions.owner == owner)
         async with _sdk.versioned_transaction(store) as session:
-            if dialect == "sqlite":
+            if dialect.write_opens_transaction:
                 # pysqlite opens the transaction at the first write only: a SELECT before it
                 # would read outside it, and another writer could commit between that read
                 # and this write. A no-op write first takes SQLite's write lock for it all.
@@ -502,6 +493,7 @@ class LeaseStore:
         self.engine = _sdk.database_engine(self._database)
         self.model = _sdk.database_model(self._database)
         self.table_name: str = self.model.__table__.name
+        self.dialect = _databases.dialect_of(self.engine, "a replica's leases")
 
     @classmethod
     def of(cls, store: Any) -> LeaseStore | None:
@@ -567,10 +559,8 @@ class LeaseStore:
         if failed is None:
             return None
         row = _sdk.database_row_of(database, failed, owner)
-        mapper = sa.inspect(type(row))
-        table = mapper.local_table
-        given = sa.inspect(row).dict
-        values = {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
+        table = sa.inspect(type(row)).local_table
+        values = _row_values(row)
         written = await session.execute(
             sa.update(table)
             .where(

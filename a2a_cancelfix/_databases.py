@@ -1,0 +1,158 @@
+"""What differs between the SQL databases a2a-sdk's stores run on: one entry per dialect.
+
+The guard (store.py) and the leases (_liveness.py) write through these; nothing else of theirs
+depends on the database. A fourth database is one more `Dialect` in `DIALECTS`.
+
+- SQLite and PostgreSQL: a guarded save is one upsert, ``INSERT ... ON CONFLICT DO UPDATE ...
+  WHERE`` the stored row is live ``RETURNING`` its key.
+- MySQL and MariaDB: no ``RETURNING`` on an upsert, and ``ON DUPLICATE KEY UPDATE`` fires the
+  table's UPDATE triggers even where it changes nothing. A guarded save is a conditional
+  ``UPDATE`` (it matches no ended row, so fires nothing there), else an ``INSERT`` of a new row,
+  else a locking read of the row that is there. Locking reads and writes see the newest
+  committed row under InnoDB's REPEATABLE READ, as PostgreSQL's do under READ COMMITTED.
+
+SQLAlchemy is there with a2a-sdk's database extras only: it is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Writes a row's ``values`` unless the stored row matches no ``live`` clause; True if written.
+_SaveUnless = Callable[[Any, Any, Mapping[Any, Any], Any], Awaitable[bool]]
+# Inserts a row's ``values``, or overwrites the ``updated`` columns of the row with its key.
+_Upsert = Callable[[Any, Mapping[str, Any], Sequence[str]], Any]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """A database's ways of writing what the guard and the leases write."""
+
+    save_unless: _SaveUnless
+    upsert: _Upsert
+    # A read before the first write runs outside the transaction's lock (pysqlite opens the
+    # transaction at its first write): a no-op write must come first.
+    write_opens_transaction: bool = False
+    # ``CREATE INDEX IF NOT EXISTS`` is MariaDB's, not MySQL's: the index is created, and an
+    # error that it exists (another replica created it first) ignored.
+    index_if_not_exists: bool = True
+
+
+def _key(table: Any, values: Mapping[Any, Any]) -> Any:
+    import sqlalchemy as sa
+
+    return sa.and_(*(column == values[column] for column in table.primary_key))
+
+
+def _upsert_returning(module: str) -> _SaveUnless:
+    """SQLite's and PostgreSQL's one statement: SQLite serialises writers; PostgreSQL locks the
+    conflicting row and evaluates the WHERE on its newest committed version."""
+
+    async def save_unless(session: Any, table: Any, values: Mapping[Any, Any], live: Any) -> bool:
+        insert = importlib.import_module(f"sqlalchemy.dialects.{module}").insert(table).values(dict(values))
+        statement = insert.on_conflict_do_update(
+            index_elements=list(table.primary_key),
+            set_={column: insert.excluded[column.key] for column in values if not column.primary_key},
+            where=live,
+        ).returning(*table.primary_key)
+        return (await session.execute(statement)).first() is not None
+
+    return save_unless
+
+
+async def _update_else_insert(session: Any, table: Any, values: Mapping[Any, Any], live: Any) -> bool:
+    """MySQL's and MariaDB's guarded save, in the caller's transaction.
+
+    Its UPDATE and its locking read take the row's lock and judge its newest committed version;
+    two first writers of one row meet at the primary key, the second told it is a duplicate
+    (under a savepoint, so that its transaction goes on), then judging the first's row.
+    """
+    import sqlalchemy as sa
+    from sqlalchemy.exc import IntegrityError
+
+    key = _key(table, values)
+    changed = {column: value for column, value in values.items() if not column.primary_key}
+    for _ in range(3):  # A row inserted, then deleted, by others between our statements: again.
+        # SQLAlchemy's MySQL drivers count the rows matched (CLIENT.FOUND_ROWS), not changed.
+        if (await session.execute(sa.update(table).where(key, live).values(changed))).rowcount:
+            return True
+        try:
+            async with session.begin_nested():
+                await session.execute(sa.insert(table).values(dict(values)))
+            return True
+        except IntegrityError:
+            pass  # A row is there, which the UPDATE did not match, or which came since.
+        stored = (await session.execute(sa.select(live).where(key).with_for_update())).first()
+        if stored is not None and not stored[0]:
+            return False
+    raise RuntimeError(f"the row of {dict(values)!r} kept changing under a guarded save")
+
+
+def _on_conflict(module: str) -> _Upsert:
+    def upsert(table: Any, values: Mapping[str, Any], updated: Sequence[str]) -> Any:
+        insert = importlib.import_module(f"sqlalchemy.dialects.{module}").insert(table).values(dict(values))
+        return insert.on_conflict_do_update(
+            index_elements=[column.name for column in table.primary_key],
+            set_={name: insert.excluded[name] for name in updated},
+        )
+
+    return upsert
+
+
+def _on_duplicate_key(table: Any, values: Mapping[str, Any], updated: Sequence[str]) -> Any:
+    from sqlalchemy.dialects import mysql
+
+    insert = mysql.insert(table).values(dict(values))
+    return insert.on_duplicate_key_update({name: insert.inserted[name] for name in updated})
+
+
+_MYSQL = Dialect(_update_else_insert, _on_duplicate_key, index_if_not_exists=False)
+
+# By SQLAlchemy's dialect name: ``mysql+aiomysql://`` and ``mysql+asyncmy://`` are "mysql",
+# ``mariadb+...://`` is "mariadb"; the SQL is the same.
+DIALECTS: dict[str, Dialect] = {
+    "sqlite": Dialect(_upsert_returning("sqlite"), _on_conflict("sqlite"), write_opens_transaction=True),
+    "postgresql": Dialect(_upsert_returning("postgresql"), _on_conflict("postgresql")),
+    "mysql": _MYSQL,
+    "mariadb": _MYSQL,
+}
+
+
+def known(engine: Any) -> bool:
+    """Whether ``engine``'s database has an entry here."""
+    return engine.dialect.name in DIALECTS
+
+
+def dialect_of(engine: Any, what: str) -> Dialect:
+    """The entry of ``engine``'s database; TypeError, naming ``what`` needs it, where none is."""
+    name = engine.dialect.name
+    dialect = DIALECTS.get(name)
+    if dialect is None:
+        supported = ", ".join(sorted(DIALECTS))
+        raise TypeError(f"{what} runs on {supported}, not {name}")
+    return dialect
+
+
+def create_index(connection: Any, index: Any, dialect: Dialect) -> None:
+    """Create ``index`` unless it exists (a synchronous connection, as ``run_sync`` gives)."""
+    import sqlalchemy as sa
+
+    if dialect.index_if_not_exists:
+        connection.execute(sa.schema.CreateIndex(index, if_not_exists=True))
+        return
+    try:
+        connection.execute(sa.schema.CreateIndex(index))
+    except sa.exc.OperationalError as error:
+        if _error_code(error) != _MYSQL_DUPLICATE_KEY_NAME:
+            raise
+
+
+_MYSQL_DUPLICATE_KEY_NAME = 1061
+
+
+def _error_code(error: Any) -> int | None:
+    arguments = getattr(error.orig, "args", ())
+    return arguments[0] if arguments and isinstance(arguments[0], int) else None
