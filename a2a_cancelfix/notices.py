@@ -188,7 +188,8 @@ class PostgresNotices(CancelNotices):
             )
         if (dialect.name, dialect.driver) != ("postgresql", "asyncpg"):
             raise TypeError(
-                f"PostgresNotices needs a postgresql+asyncpg engine, not {dialect.name}+{dialect.driver}"
+                f"PostgresNotices needs a postgresql+asyncpg engine, not {dialect.name}+{dialect.driver}; "
+                f"{_ELSEWHERE}"
             )
         super().__init__(channel, heartbeat=heartbeat)
         if len(channel.encode()) > _LONGEST_NAME:
@@ -203,7 +204,8 @@ class PostgresNotices(CancelNotices):
         engine = _engine(store)
         if engine is None or engine.dialect.name != "postgresql":
             raise TypeError(
-                "PostgresNotices announces in the transactions of a DatabaseTaskStore on PostgreSQL"
+                "PostgresNotices announces in the transactions of a DatabaseTaskStore on PostgreSQL; "
+                f"{_ELSEWHERE}"
             )
 
     async def announce_in(self, session: Any, task_id: str) -> None:
@@ -332,6 +334,10 @@ def _engine(store: Any) -> Any:
     return getattr(getattr(store, "as_task_store", store), "engine", None)
 
 
+# What a store on another database can hear instead (MySQL and SQLite have no NOTIFY).
+_ELSEWHERE = "on another database, give a redis.asyncio.Redis client, or None (the replicas poll)"
+
+
 def notices_for(store: Any, notices: Any) -> CancelNotices | None:
     """The notices ``FinalStateTaskStore(store, notices=...)`` means: ``"postgres"`` (NOTIFY on
     the store's own engine), a ``redis.asyncio.Redis`` client, or notices made here.
@@ -344,7 +350,7 @@ def notices_for(store: Any, notices: Any) -> CancelNotices | None:
     if notices == "postgres":
         engine = _engine(store)
         if engine is None:
-            raise TypeError("notices='postgres' needs a DatabaseTaskStore on PostgreSQL")
+            raise TypeError(f"notices='postgres' needs a DatabaseTaskStore on PostgreSQL; {_ELSEWHERE}")
         notices = PostgresNotices(engine)
     elif not isinstance(notices, CancelNotices) and callable(getattr(notices, "pubsub", None)):
         notices = RedisNotices(notices)

@@ -366,6 +366,13 @@ async def test_notices_are_named_in_one_argument_and_checked_against_the_store(t
         with pytest.raises(TypeError, match="notices must be"):
             FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices="redis")
         await client.aclose()
+    async with open_database("mysql", tmp_path) as database:  # No NOTIFY: Redis, or polling.
+        with pytest.raises(TypeError, match="mysql\\+aiomysql; on another database, give a redis"):
+            FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices="postgres")
+        client = redis.Redis.from_url(REDIS_URL)
+        store = FinalStateTaskStore(DatabaseTaskStore(database.engine()), notices=client)
+        assert isinstance(store.notices, RedisNotices)
+        await client.aclose()
 
 
 @pytest.mark.parametrize(
