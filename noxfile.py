@@ -162,7 +162,7 @@ def _dist_problems(wheel: Path, sdist: Path, tracked: set[str]) -> list[str]:
 
 
 def _sdk_requirement(sdk: str) -> str:
-    extras = "[http-server,grpc,sqlite,postgresql,telemetry]"
+    extras = "[http-server,grpc,sqlite,postgresql,mysql,telemetry]"
     return f"a2a-sdk{extras}>=1,<2" if sdk == "newest" else f"a2a-sdk{extras}=={sdk}"
 
 

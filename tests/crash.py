@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from a2a_cancelfix.testing import PushReceiver, Stream
 
 from . import serving
-from .support import drop_schema
+from .support import drop_schema, mysql_database
 
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -127,6 +127,13 @@ async def shared(kind: str, tmp_path: Path) -> AsyncIterator[Shared]:
     """A fresh database with the SDK's tables made (before replicas race to make them) and a
     trigger recording every state each task is stored with, and when."""
     schema = None
+    if kind == "mysql":
+        async with (
+            mysql_database("a2acf_crash") as (url, connect_args),
+            _made(kind, url, connect_args, schema, tmp_path) as world,
+        ):
+            yield world
+        return
     if kind == "sqlite":
         url, connect_args = f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}", {}
     else:
@@ -137,6 +144,20 @@ async def shared(kind: str, tmp_path: Path) -> AsyncIterator[Shared]:
         await admin.execute(f'CREATE SCHEMA "{schema}"')
         settings = {"search_path": schema, "application_name": schema}  # See drop_schema.
         url, connect_args = PG_URL, {"server_settings": settings, "timeout": 5}
+    try:
+        async with _made(kind, url, connect_args, schema, tmp_path) as world:
+            yield world
+    finally:
+        if schema is not None:
+            await drop_schema(admin, schema)
+            await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def _made(
+    kind: str, url: str, connect_args: dict[str, Any], schema: str | None, tmp_path: Path
+) -> AsyncIterator[Shared]:
+    """The SDK's tables and the audit trigger made in a fresh database, and its engine."""
     engine = create_async_engine(url, connect_args=connect_args)
     try:
         await asyncio.wait_for(DatabaseTaskStore(engine).initialize(), START)
@@ -145,13 +166,28 @@ async def shared(kind: str, tmp_path: Path) -> AsyncIterator[Shared]:
         yield Shared(kind, url, schema, engine, tmp_path / "runs.log")
     finally:
         await engine.dispose()
-        if schema is not None:
-            await drop_schema(admin, schema)
-            await admin.close()
 
 
 async def _audit(engine: AsyncEngine) -> None:
     async with engine.begin() as connection:
+        if engine.dialect.name == "mysql":
+            await connection.execute(
+                sa.text(
+                    "CREATE TABLE audit (seq BIGINT AUTO_INCREMENT PRIMARY KEY, id VARCHAR(255), "
+                    "state TEXT, message TEXT, at DOUBLE)"
+                )
+            )
+            row = (
+                "INSERT INTO audit (id, state, message, at) VALUES (NEW.id, "
+                "JSON_UNQUOTE(JSON_EXTRACT(NEW.status, '$.state')), "
+                "JSON_UNQUOTE(JSON_EXTRACT(NEW.status, '$.message.parts[0].text')), "
+                "UNIX_TIMESTAMP(SYSDATE(6)))"
+            )
+            for when in ("INSERT", "UPDATE"):
+                await connection.execute(
+                    sa.text(f"CREATE TRIGGER audit_{when} AFTER {when} ON tasks FOR EACH ROW {row}")
+                )
+            return
         if engine.dialect.name == "sqlite":
             await connection.execute(
                 sa.text(

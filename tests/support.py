@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,47 @@ async def drop_schema(admin: Any, schema: str) -> None:
     )
     await admin.execute("SET lock_timeout = '20s'")
     await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+# MariaDB (or MySQL) on this machine: user root, empty password. A test gets a database of its own.
+MYSQL_HOST, MYSQL_PORT = "127.0.0.1", 3306
+# Server-side bounds, as PostgreSQL's schema gets: no statement or lock wait can hang a test.
+MYSQL_SESSION = "SET SESSION innodb_lock_wait_timeout = 20, SESSION max_statement_time = 20"
+
+
+async def mysql_admin() -> Any:
+    """A connection to MariaDB as root, or a skip saying it is unreachable."""
+    import aiomysql  # a2a-sdk's mysql extra
+    import pytest
+
+    try:
+        return await asyncio.wait_for(
+            aiomysql.connect(host=MYSQL_HOST, port=MYSQL_PORT, user="root", autocommit=True), 5
+        )
+    except (OSError, asyncio.TimeoutError, aiomysql.Error) as error:
+        pytest.skip(f"MariaDB at {MYSQL_HOST}:{MYSQL_PORT} is unreachable: {error!r}")
+
+
+@contextlib.asynccontextmanager
+async def mysql_database(prefix: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A MariaDB database of its own for one test: its SQLAlchemy URL and connect arguments.
+    Dropped afterwards, once the connections still in it are ended (as `drop_schema` does)."""
+    admin = await mysql_admin()
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    async with admin.cursor() as cursor:
+        await cursor.execute(f"CREATE DATABASE `{name}`")
+    try:
+        url = f"mysql+aiomysql://root@{MYSQL_HOST}:{MYSQL_PORT}/{name}"
+        yield url, {"connect_timeout": 5, "init_command": MYSQL_SESSION}
+    finally:
+        async with admin.cursor() as cursor:
+            await cursor.execute(
+                "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()",
+                (name,),
+            )
+            for (connection_id,) in await cursor.fetchall():
+                with contextlib.suppress(Exception):  # Gone since.
+                    await cursor.execute(f"KILL {int(connection_id)}")
+            await cursor.execute("SET SESSION lock_wait_timeout = 20")
+            await cursor.execute(f"DROP DATABASE `{name}`")
+        admin.close()

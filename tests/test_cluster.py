@@ -250,6 +250,8 @@ def impatient_engine(database: Database) -> Any:
 
     if database.url.startswith("sqlite"):
         connect_args: dict[str, Any] = {"timeout": 0}  # SQLite's busy timeout
+    elif database.url.startswith("mysql"):  # InnoDB's lock wait, in whole seconds: 1 at least.
+        connect_args = {**database.connect_args, "init_command": "SET SESSION innodb_lock_wait_timeout = 1"}
     else:
         settings = {**database.connect_args["server_settings"], "lock_timeout": "10ms"}
         connect_args = {**database.connect_args, "server_settings": settings}

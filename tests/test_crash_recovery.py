@@ -76,17 +76,22 @@ def ended_by_lease(history: list[Saved], died_at: float) -> Saved:
     return end
 
 
+REDIS = "redis://127.0.0.1:6379/0"
 KILLED = [
-    pytest.param("stock", None, id="stock"),
-    pytest.param("ours", "postgres", id="ours-notify"),
-    pytest.param("ours", "redis://127.0.0.1:6379/0", id="ours-redis"),
+    pytest.param("postgresql", "stock", None, id="postgresql-stock"),
+    pytest.param("postgresql", "ours", "postgres", id="postgresql-ours-notify"),
+    pytest.param("postgresql", "ours", REDIS, id="postgresql-ours-redis"),
+    # MariaDB has no NOTIFY: its replicas hear Redis, or poll.
+    pytest.param("mysql", "stock", None, id="mysql-stock"),
+    pytest.param("mysql", "ours", REDIS, id="mysql-ours-redis"),
+    pytest.param("mysql", "ours", None, id="mysql-ours-polling"),
 ]
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize(("handler", "notices"), KILLED)
+@pytest.mark.parametrize(("database", "handler", "notices"), KILLED)
 async def test_a_killed_replicas_tasks_end_failed_on_a_survivor(
-    handler: str, notices: str | None, tmp_path: Path
+    database: str, handler: str, notices: str | None, tmp_path: Path
 ) -> None:
     """SIGKILL of the replica running two tasks: ours ends both FAILED, once between the two
     survivors, within a lease and a sixth (and slack); a subscriber on a survivor ends on it,
@@ -94,7 +99,7 @@ async def test_a_killed_replicas_tasks_end_failed_on_a_survivor(
     survivors' lease rows are left. Stock leaves them WORKING past that bound, its subscriber
     waiting on."""
     async with (
-        shared("postgresql", tmp_path) as world,
+        shared(database, tmp_path) as world,
         client() as c,
         replicas(world, 3, **options(handler, notices)) as (a, b, d),
     ):
@@ -120,15 +125,18 @@ async def test_a_killed_replicas_tasks_end_failed_on_a_survivor(
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("handler", ["stock", "ours"])
-async def test_sigterm_drains_then_cancels_what_runs(handler: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("database", "notices"), [("postgresql", "postgres"), ("mysql", REDIS)])
+async def test_sigterm_drains_then_cancels_what_runs(
+    database: str, notices: str, handler: str, tmp_path: Path
+) -> None:
     """SIGTERM of the replica running two tasks (uvicorn's graceful exit, its lifespan closing
     the handler): when it has exited, ours stored both CANCELED saying the server shut down,
     their runs stopped, each push config heard CANCELED once, the parked task is as it was and
     the process left no lease row; stock leaves them WORKING and pushes nothing."""
     async with (
-        shared("postgresql", tmp_path) as world,
+        shared(database, tmp_path) as world,
         client() as c,
-        replicas(world, 2, **options(handler, "postgres", A2ACF_DRAIN="1")) as (a, b),
+        replicas(world, 2, **options(handler, notices, A2ACF_DRAIN="1")) as (a, b),
     ):
         (_, one), (_, two), (_, parked) = [await c.working(a, text) for text in ("go", "go", "park")]
         _, own = await c.working(b)
@@ -187,13 +195,16 @@ SOLE_BOUND = 10.0  # From a process's start to its sweep's end, on a loaded mach
     [("stock", ""), ("ours", "1"), ("ours", "")],
     ids=["stock", "ours-sole_replica", "ours-lease"],
 )
-async def test_a_process_killed_and_started_again_on_sqlite(handler: str, sole: str, tmp_path: Path) -> None:
-    """One process on a SQLite file, killed (SIGKILL) with two tasks running, started again,
+@pytest.mark.parametrize("database", ["sqlite", "mysql"])
+async def test_a_process_killed_and_started_again(
+    database: str, handler: str, sole: str, tmp_path: Path
+) -> None:
+    """One process on a SQLite file or a MariaDB database, killed (SIGKILL) with two tasks running, started again,
     a client polling the tasks there: ours with ``sole_replica`` ends them FAILED as it starts,
     before any request reaches it, without it after a lease; the parked task stays; stock
     leaves them WORKING past the bound."""
     environment = options(handler, A2ACF_SOLE_REPLICA=sole)
-    async with shared("sqlite", tmp_path) as world, client() as c:
+    async with shared(database, tmp_path) as world, client() as c:
         first = await Replica.start(world, "first", **environment)
         try:
             (_, one), (_, two), (_, parked) = [await c.working(first, text) for text in ("go", "go", "park")]

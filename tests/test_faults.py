@@ -37,6 +37,7 @@ from a2a_cancelfix.testing import (
 from a2a_cancelfix.testing.servers import GRACE
 from a2a_cancelfix.testing.waits import eventually
 
+from .support import MYSQL_HOST, MYSQL_PORT
 from .test_replicas import outcome_within
 from .test_store import CANCELED, PG_DSN, WORKING, Database, make_task, open_database
 
@@ -86,6 +87,21 @@ async def row_locked(kind: str, database: Database, tmp_path: Path, task_id: str
         finally:
             await transaction.rollback()
             await holder.close()
+    elif kind == "mysql":
+        import aiomysql
+
+        holder = await aiomysql.connect(
+            host=MYSQL_HOST, port=MYSQL_PORT, user="root", db=database.url.rsplit("/", 1)[1]
+        )
+        try:
+            async with holder.cursor() as cursor:
+                await cursor.execute("BEGIN")
+                await cursor.execute("SELECT id FROM tasks WHERE id = %s FOR UPDATE", (task_id,))
+                assert await cursor.fetchone() == (task_id,)
+                yield
+        finally:
+            await holder.rollback()
+            holder.close()
     else:
         import aiosqlite
 
@@ -107,7 +123,7 @@ async def _closed(server: Any, task_id: str) -> bool:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "mysql"])
 async def test_a_locked_row_does_not_hold_a_live_cancel_past_its_bound(kind: str, tmp_path: Path) -> None:
     """The run here stops, and its CANCELED waits for a row another transaction holds: the
     caller gets InternalError within the bound, saying the write goes on; nothing claims a
@@ -128,9 +144,7 @@ async def test_a_locked_row_does_not_hold_a_live_cancel_past_its_bound(kind: str
         await eventually(lambda: _closed(server, task_id))
 
     async with (
-        open_database(kind, tmp_path / "stock")
-        if kind == "postgresql"
-        else _fresh_sqlite(tmp_path) as database
+        _fresh_sqlite(tmp_path) if kind == "sqlite" else open_database(kind, tmp_path / "stock") as database
     ):
         store, writes = guarded(database)
         server = make_server("stock", ScriptedExecutor(), store=store)
@@ -146,7 +160,7 @@ async def test_a_locked_row_does_not_hold_a_live_cancel_past_its_bound(kind: str
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "mysql"])
 async def test_a_locked_row_does_not_hold_a_cancel_not_live_here_past_its_bound(
     kind: str, tmp_path: Path
 ) -> None:
@@ -171,7 +185,7 @@ async def test_a_locked_row_does_not_hold_a_cancel_not_live_here_past_its_bound(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite", "mysql"])
 async def test_a_save_cut_while_it_waits_for_a_locked_row_does_not_lock_out_later_saves(
     kind: str, tmp_path: Path
 ) -> None:

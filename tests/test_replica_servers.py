@@ -57,7 +57,7 @@ class Replica:
             await asyncio.wait_for(self.process.wait(), 10)
 
 
-@pytest_asyncio.fixture(params=["sqlite", "postgresql"])
+@pytest_asyncio.fixture(params=["sqlite", "postgresql", "mysql"])
 async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, str | None]]:
     async with open_database(request.param, tmp_path) as opened:
         # One table, before replicas race to make it.
@@ -152,7 +152,7 @@ async def test_a_second_cancel_anywhere_is_refused(database) -> None:
 
 @pytest.mark.asyncio
 async def test_a_pushed_cancel_reaches_the_running_process_with_polling_an_hour_apart(database) -> None:
-    """NOTIFY on PostgreSQL, Redis pub/sub beside SQLite: A's run stops on B's cancel, told
+    """NOTIFY on PostgreSQL, Redis pub/sub beside SQLite and MariaDB: A's run stops on B's cancel, told
     by the notice alone (A polls once an hour, and saves nothing between its steps)."""
     url, _ = database
     notices = "postgres" if url.startswith("postgresql") else "redis://127.0.0.1:6379/0"

@@ -477,7 +477,7 @@ async def shared_store(where: str, tmp_path: Path, stack: contextlib.AsyncExitSt
     return lambda: FinalStateTaskStore(DatabaseTaskStore(database.engine()))
 
 
-@pytest.mark.parametrize("where", ["memory", "sqlite", "postgresql"])
+@pytest.mark.parametrize("where", ["memory", "sqlite", "postgresql", "mysql"])
 @pytest.mark.parametrize("kind", ["stock", "ours"])
 @pytest.mark.asyncio
 async def test_a_push_announces_the_stored_end_not_a_refused_one(

@@ -42,15 +42,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from a2a_cancelfix import _sdk
 from a2a_cancelfix._sdk import TERMINAL_STATES
 from a2a_cancelfix.store import FinalStateTaskStore
-from a2a_cancelfix.testing import caller
+from a2a_cancelfix.testing import ScriptedExecutor, caller, make_server
 
-from .support import drop_schema
+from .support import drop_schema, mysql_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 PG_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-BACKENDS = ["memory", "sqlite", "postgresql"]
-DATABASES = ["sqlite", "postgresql"]
+BACKENDS = ["memory", "sqlite", "postgresql", "mysql"]
+DATABASES = ["sqlite", "postgresql", "mysql"]
 
 WORKING = TaskState.TASK_STATE_WORKING
 COMPLETED = TaskState.TASK_STATE_COMPLETED
@@ -97,7 +97,17 @@ async def _pg_connect() -> Any:
 
 @contextlib.asynccontextmanager
 async def open_database(kind: str, tmp_path: Path) -> AsyncIterator[Database]:
-    """Open a fresh database; on PostgreSQL, a schema of its own that is dropped afterwards."""
+    """Open a fresh database; on PostgreSQL, a schema of its own that is dropped afterwards; on
+    MariaDB, a database of its own, dropped afterwards."""
+    if kind == "mysql":
+        async with mysql_database("a2acf_store") as (url, connect_args):
+            database = Database(url, connect_args)
+            try:
+                yield database
+            finally:
+                for engine in database.engines:
+                    await engine.dispose()
+        return
     if kind == "sqlite":
         database = Database(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}", {})
         schema = None
@@ -361,7 +371,8 @@ async def test_bare_database_store_lets_completed_overwrite_canceled(database: D
 async def test_sdk_task_manager_save_after_cancel_returns_normally_with_one_write(
     database: Database, refusals: list[logging.LogRecord]
 ) -> None:
-    """Via the SDK's TaskManager (1.2+: its LegacyTaskStoreAdapter) a refusal is one write."""
+    """Via the SDK's TaskManager (1.2+: its LegacyTaskStoreAdapter) a refusal is one write
+    (on MariaDB, an UPDATE that matches no ended row and an INSERT refused as a duplicate)."""
     engine = database.engine()
     store, alice = FinalStateTaskStore(DatabaseTaskStore(engine)), caller("alice")
     await store.save(make_task(CANCELED, "final"), alice)
@@ -388,7 +399,11 @@ async def test_sdk_task_manager_save_after_cancel_returns_normally_with_one_writ
         event.remove(engine.sync_engine, "before_cursor_execute", count)
 
     assert returned is not None and returned.status.state == COMPLETED  # the manager's own copy
-    assert len(writes) == 1 and "ON CONFLICT" in writes[0]
+    if engine.dialect.name == "mysql":
+        assert [write.split()[0] for write in writes] == ["UPDATE", "INSERT"]
+        assert "WHERE" in writes[0] and "ON DUPLICATE" not in writes[1]
+    else:
+        assert len(writes) == 1 and "ON CONFLICT" in writes[0]
     assert (await store.get("task-1", alice)).status.state == CANCELED
     assert len(refusals) == 1
 
@@ -404,6 +419,26 @@ def test_other_stores_are_refused_at_construction() -> None:
 
     with pytest.raises(TypeError, match="DatabaseTaskStore or an InMemoryTaskStore"):
         FinalStateTaskStore(Custom())
+
+
+@pytest.mark.asyncio
+async def test_a_database_store_on_a_database_without_an_entry_is_served_as_stock_serves_it(
+    tmp_path: Path,
+) -> None:
+    """A DatabaseTaskStore on a database with no entry of ours (SQL Server, say) is no longer
+    guarded: wrapping it is a TypeError naming the databases there are; our handler serves it
+    unwrapped, as the stock one does, where it used to raise at construction (as on MySQL)."""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}")
+    engine.dialect.name = "mssql"  # What SQLAlchemy names SQL Server: nothing of ours knows it.
+    try:
+        store = DatabaseTaskStore(engine)
+        with pytest.raises(TypeError, match="runs on mariadb, mysql, postgresql, sqlite, not mssql"):
+            FinalStateTaskStore(store)
+        for kind in ("stock", "ours"):
+            server = make_server(kind, ScriptedExecutor(), store=store, told=False)
+            assert server.handler.task_store is store
+    finally:
+        await engine.dispose()
 
 
 class Audited(FinalStateTaskStore):
