@@ -19,7 +19,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Writes a row's ``values`` unless the stored row matches no ``live`` clause; True if written.
 _SaveUnless = Callable[[Any, Any, Mapping[Any, Any], Any], Awaitable[bool]]
@@ -39,6 +41,29 @@ class Dialect:
     # ``CREATE INDEX IF NOT EXISTS`` is MariaDB's, not MySQL's: the index is created, and an
     # error that it exists (another replica created it first) ignored.
     index_if_not_exists: bool = True
+    # Whether an error says the transaction was rolled back whole as a deadlock's victim.
+    deadlocked: Callable[[BaseException], bool] = lambda error: False
+
+
+# How often a transaction a deadlock rolled back is run again: InnoDB picks a victim at once.
+DEADLOCK_ATTEMPTS = 5
+
+
+async def deadlock_retried(dialect: Dialect, transaction: Callable[[], Awaitable[T]]) -> T:
+    """``transaction()``, run again where the database rolled it back as a deadlock's victim.
+
+    Under InnoDB's REPEATABLE READ, an UPDATE that finds no row locks the gap where it would be:
+    two first writers of one task (two replicas, or a run and a cancel) each hold that gap, and
+    each one's INSERT waits for the other's.
+    """
+    attempt = 1
+    while True:
+        try:
+            return await transaction()
+        except Exception as error:
+            if attempt >= DEADLOCK_ATTEMPTS or not dialect.deadlocked(error):
+                raise
+            attempt += 1
 
 
 def _key(table: Any, values: Mapping[Any, Any]) -> Any:
@@ -109,7 +134,19 @@ def _on_duplicate_key(table: Any, values: Mapping[str, Any], updated: Sequence[s
     return insert.on_duplicate_key_update({name: insert.inserted[name] for name in updated})
 
 
-_MYSQL = Dialect(_update_else_insert, _on_duplicate_key, index_if_not_exists=False)
+def _mysql_deadlocked(error: BaseException | None) -> bool:
+    """Whether ``error`` is a deadlock, or came of one: a deadlock inside a savepoint rolls the
+    whole transaction back, and the savepoint's own rollback then fails (1305, no savepoint)."""
+    while error is not None:
+        if _error_code(error) == _MYSQL_DEADLOCK:
+            return True
+        error = error.__context__
+    return False
+
+
+_MYSQL = Dialect(
+    _update_else_insert, _on_duplicate_key, index_if_not_exists=False, deadlocked=_mysql_deadlocked
+)
 
 # By SQLAlchemy's dialect name: ``mysql+aiomysql://`` and ``mysql+asyncmy://`` are "mysql",
 # ``mariadb+...://`` is "mariadb"; the SQL is the same.
@@ -151,8 +188,10 @@ def create_index(connection: Any, index: Any, dialect: Dialect) -> None:
 
 
 _MYSQL_DUPLICATE_KEY_NAME = 1061
+_MYSQL_DEADLOCK = 1213
 
 
-def _error_code(error: Any) -> int | None:
-    arguments = getattr(error.orig, "args", ())
+def _error_code(error: BaseException) -> int | None:
+    """The MySQL error number of a SQLAlchemy ``DBAPIError`` (PyMySQL's first argument)."""
+    arguments = getattr(getattr(error, "orig", None), "args", ())
     return arguments[0] if arguments and isinstance(arguments[0], int) else None

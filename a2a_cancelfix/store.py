@@ -227,23 +227,27 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
     # SQLAlchemy is only there with a2a-sdk's database extras, so it is imported here.
     import sqlalchemy as sa
 
-    save_unless = _databases.dialect_of(store.engine, "FinalStateTaskStore's guard").save_unless
+    dialect = _databases.dialect_of(store.engine, "FinalStateTaskStore's guard")
 
     async def write(task: Task, context: ServerCallContext) -> int | None:
         await store.initialize()  # creates the table once, as the SDK's save does
         row = _sdk.database_row(store, task, context)
         table = sa.inspect(type(row)).local_table
-        async with _sdk.database_transaction(store) as session:
-            if await save_unless(session, table, _row_values(row), _live(table)):
-                if task.status.state == CANCELED:
-                    await announce_in(session, task.id)
-                return None
-            # Only for the WARNING: the write above has already decided.
-            model = type(row)
-            kept = await session.scalar(sa.select(model).where(model.id == task.id))
-            if kept is None:  # deleted by another writer between the two statements
-                return TaskState.TASK_STATE_UNSPECIFIED
-            return _sdk.task_from_row(store, kept).status.state
+
+        async def transaction() -> int | None:
+            async with _sdk.database_transaction(store) as session:
+                if await dialect.save_unless(session, table, _row_values(row), _live(table)):
+                    if task.status.state == CANCELED:
+                        await announce_in(session, task.id)
+                    return None
+                # Only for the WARNING: the write above has already decided.
+                model = type(row)
+                kept = await session.scalar(sa.select(model).where(model.id == task.id))
+                if kept is None:  # deleted by another writer between the two statements
+                    return TaskState.TASK_STATE_UNSPECIFIED
+                return _sdk.task_from_row(store, kept).status.state
+
+        return await _databases.deadlock_retried(dialect, transaction)
 
     return _to_the_end(write)
 

@@ -130,14 +130,30 @@ async def mysql_admin() -> Any:
 async def mysql_database(prefix: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """A MariaDB database of its own for one test: its SQLAlchemy URL and connect arguments.
     Dropped afterwards, once the connections still in it are ended (as `drop_schema` does)."""
-    admin = await mysql_admin()
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    async with admin.cursor() as cursor:
-        await cursor.execute(f"CREATE DATABASE `{name}`")
+    name = await create_mysql_database(prefix)
     try:
         url = f"mysql+aiomysql://root@{MYSQL_HOST}:{MYSQL_PORT}/{name}"
         yield url, {"connect_timeout": 5, "init_command": MYSQL_SESSION}
     finally:
+        await drop_mysql_database(name)
+
+
+async def create_mysql_database(prefix: str) -> str:
+    """A new MariaDB database's name."""
+    admin = await mysql_admin()
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    try:
+        async with admin.cursor() as cursor:
+            await cursor.execute(f"CREATE DATABASE `{name}`")
+    finally:
+        admin.close()
+    return name
+
+
+async def drop_mysql_database(name: str) -> None:
+    """Drop a MariaDB database, once the connections still in it are ended."""
+    admin = await mysql_admin()
+    try:
         async with admin.cursor() as cursor:
             await cursor.execute(
                 "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()",
@@ -148,4 +164,5 @@ async def mysql_database(prefix: str) -> AsyncIterator[tuple[str, dict[str, Any]
                     await cursor.execute(f"KILL {int(connection_id)}")
             await cursor.execute("SET SESSION lock_wait_timeout = 20")
             await cursor.execute(f"DROP DATABASE `{name}`")
+    finally:
         admin.close()

@@ -36,7 +36,7 @@ from a2a_cancelfix import _sdk
 from a2a_cancelfix.tools.scenarios import SCENARIOS
 
 from .expected import COLUMNS, STOCK, WRAPPED
-from .support import PYPROJECT, noxfile_list
+from .support import PYPROJECT, create_mysql_database, drop_mysql_database, noxfile_list
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -44,6 +44,8 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BEHAVIOUR = ROOT / "docs" / "behaviour.md"
 PG_TEST = "@127.0.0.1:5432/test"
 """The database the docs' PostgreSQL blocks name; each runs on a fresh one in its place."""
+MYSQL_TEST = "@127.0.0.1:3306/test"
+"""The database the docs' MariaDB blocks name; each runs on a fresh one in its place."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,11 @@ def python_params() -> list[Any]:
 @contextlib.contextmanager
 def fresh_database(code: str) -> Iterator[str]:
     """``code`` with the PostgreSQL database it names replaced by a fresh one, dropped after:
-    what a block shows to set up must be all a new database needs."""
+    what a block shows to set up must be all a new database needs (on MariaDB too)."""
+    if MYSQL_TEST in code:
+        with fresh_mysql_database(code) as code_there:
+            yield code_there
+        return
     if PG_TEST not in code:
         yield code
         return
@@ -202,6 +208,16 @@ def test_a_python_block_runs_as_written(
                 test()
     finally:
         a2a_cancelfix.unpatch()
+
+
+@contextlib.contextmanager
+def fresh_mysql_database(code: str) -> Iterator[str]:
+    """``code`` with the MariaDB database it names replaced by a fresh one, dropped after."""
+    name = asyncio.run(create_mysql_database("a2acf_docs"))
+    try:
+        yield code.replace(MYSQL_TEST, MYSQL_TEST.replace("/test", f"/{name}"))
+    finally:
+        asyncio.run(drop_mysql_database(name))
 
 
 def is_executor_class(value: object) -> bool:

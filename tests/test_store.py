@@ -422,6 +422,25 @@ def test_other_stores_are_refused_at_construction() -> None:
 
 
 @pytest.mark.asyncio
+async def test_two_first_saves_of_a_task_at_once_never_fail(database: Database) -> None:
+    """Two replicas' first saves of one task, at once (WORKING and CANCELED): each lands or is
+    refused, none raises. On MariaDB each of their UPDATEs locks the gap the row would fill, and
+    their INSERTs deadlock: the victim's transaction is run again."""
+    one, other = (FinalStateTaskStore(DatabaseTaskStore(database.engine())) for _ in range(2))
+    await one.wrapped.initialize()
+    alice = caller("alice")
+    for n in range(ROUNDS):
+        task_id = f"first-{n}"
+        saves = (
+            one.save(make_task(WORKING, "run", task_id=task_id), alice),
+            other.save(make_task(CANCELED, "cancel", task_id=task_id), alice),
+        )
+        await asyncio.wait_for(asyncio.gather(*saves), 20)
+        kept = await one.get(task_id, alice)
+        assert kept is not None and kept.status.state == CANCELED, n  # Final, whichever came first.
+
+
+@pytest.mark.asyncio
 async def test_a_database_store_on_a_database_without_an_entry_is_served_as_stock_serves_it(
     tmp_path: Path,
 ) -> None:
