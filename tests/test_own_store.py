@@ -37,6 +37,7 @@ from a2a_cancelfix.testing import (
 
 from . import expected
 from .own_stores import CasDictStore, CasSqlStore, DictStore, SqlStore
+from .test_docs import blocks
 from .test_replicas import PollingExecutor
 from .test_store import open_database
 
@@ -146,6 +147,12 @@ async def test_the_handler_serves_it_and_says_what_is_off_in_one_line(
         await within(ours.aclose())
         if hasattr(stock, "aclose"):
             await within(stock.aclose())
+
+
+def test_the_docs_show_the_line_as_it_is_logged() -> None:
+    """docs/stores.md's example of the line is the one a store without the method gets."""
+    (shown,) = [block for block in blocks("text") if block.page.name == "stores.md"]
+    assert shown.code == WITHOUT.format(name="MyTaskStore", leases=LEASES) + "\n"
 
 
 @pytest.mark.asyncio
