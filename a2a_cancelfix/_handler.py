@@ -40,13 +40,14 @@ from a2a_cancelfix._cancel.settings import (
 from a2a_cancelfix._errors import ended, ended_first, raise_for, refuse_if_ended, shutting_down
 from a2a_cancelfix._executor import CancellableExecutor, require_executor
 from a2a_cancelfix._lifecycle import Lifecycle
+from a2a_cancelfix._own_store import guarded, say_what_is_off
 from a2a_cancelfix._push import BackgroundPushSender
 from a2a_cancelfix._sdk import STATUS_EVENTS, TERMINAL_STATES
 from a2a_cancelfix._streams import OpenStreams, drain, end_being_recorded, until_terminal
 from a2a_cancelfix._unwatched import Observer
 from a2a_cancelfix.checkpoints import Probe
 from a2a_cancelfix.notices import LocalNotices
-from a2a_cancelfix.store import FinalStateTaskStore, guardable
+from a2a_cancelfix.store import FinalStateTaskStore
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -111,7 +112,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             this one ends the tasks it was running FAILED, with a status message saying so,
             once; a replica that cannot renew for ``lease_time / 2`` cancels its own runs
             first. At least ``2 x (cancel_grace_period + 3)`` seconds (the default, 30, is
-            raised to that); ``None`` turns leases off. An in-memory store never leases.
+            raised to that); ``None`` turns leases off. An in-memory store never leases, nor a
+            store of your own (docs/stores.md).
         sole_replica: this process is the only server of its task store: at its start (else
             its first request) it ends FAILED every task the store shows SUBMITTED or WORKING
             (a previous process's, leased or not) but its own runs. Off by default: where replicas of
@@ -188,7 +190,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         arguments = _SDK_INIT.bind(self, agent_executor, *args, **kwargs)
         given = arguments.arguments.get("task_store")
         peers = _peers_of(given)
-        store = arguments.arguments["task_store"] = _guarded(given, peers)
+        store = arguments.arguments["task_store"] = guarded(given, peers)
+        say_what_is_off(store, settings)
         self._lifecycle = Lifecycle(agent_executor, settings, probe=probe)
         arguments.arguments["agent_executor"] = CancellableExecutor._of(self._lifecycle)
         self._pushes: BackgroundPushSender | None = None
@@ -564,14 +567,6 @@ def _peers_of(store: Any) -> LocalNotices | None:
     """The notices of the handlers sharing ``store``'s ``InMemoryTaskStore`` (bare or guarded), if so."""
     inner = store.wrapped if isinstance(store, FinalStateTaskStore) else store
     return LocalNotices.of(inner) if type(inner) is InMemoryTaskStore else None
-
-
-def _guarded(store: Any, peers: LocalNotices | None) -> Any:
-    """The store, guarded by a `FinalStateTaskStore` if it is one that can be and is not yet:
-    a bare ``InMemoryTaskStore`` with the notices of the handlers sharing it."""
-    if isinstance(store, FinalStateTaskStore) or not guardable(store):
-        return store  # Guarded already, or a store whose guard would be a read then a write, a race.
-    return FinalStateTaskStore(store, notices=peers)
 
 
 # The SDK's own constructor and shutdown, as the SDK defines them: ours call them, also once

@@ -75,8 +75,8 @@ class FinalStateTaskStore(TaskStore):
     ``DefaultRequestHandler(executor, FinalStateTaskStore(DatabaseTaskStore(engine)), ...)``.
     On a2a-sdk 1.2+ it also wraps a ``VersionedDatabaseTaskStore`` (upstream's cluster mode),
     and is then a ``VersionedTaskStore`` itself; so is a subclass of it, whose own methods
-    come first. Any other store raises ``TypeError``: the guard would be a read then a write,
-    a race.
+    come first. A store of your own is guarded through its ``save_unless_final`` (docs/stores.md);
+    without one it raises ``TypeError``: the guard would be a read then a write, a race.
 
     Args:
         notices: how a recorded cancel is pushed to the replica running the task (see
@@ -102,6 +102,10 @@ class FinalStateTaskStore(TaskStore):
 
     def _guard(self, store: Any) -> Any:
         """The guarded save for ``store``; TypeError for a store it cannot guard in one step."""
+        from a2a_cancelfix import _own_store  # A store of the user's own; it imports this module.
+
+        if _own_store.save_unless_final_of(store) is not None:
+            return _own_store.conditional_save(store, self)
         if isinstance(store, DatabaseTaskStore):
             write = _database_write(store, self._announce_in)
 
@@ -111,10 +115,7 @@ class FinalStateTaskStore(TaskStore):
             return save
         if isinstance(store, InMemoryTaskStore):
             return _memory_save(store, self)
-        raise TypeError(
-            "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore (or, on "
-            f"a2a-sdk 1.2+, a VersionedDatabaseTaskStore), not {type(store).__name__}"
-        )
+        raise _own_store.cannot_guard(store)
 
     def subscribe(
         self,
@@ -209,12 +210,17 @@ def _refusal_level(stored: int, refused: int) -> int:
 
 def guardable(store: Any) -> bool:
     """Whether a `FinalStateTaskStore` can wrap ``store``: exactly one of the SDK's stores (the
-    guard writes through their insides, past a subclass's own save), on a database it knows."""
+    guard writes through their insides, past a subclass's own save) on a database it knows, or
+    one with a ``save_unless_final``."""
+    from a2a_cancelfix._own_store import save_unless_final_of  # It imports this module.
+
     if type(store) is InMemoryTaskStore:
         return True
     if type(store) is DatabaseTaskStore:
         return _databases.known(_sdk.database_engine(store))
-    return _sdk.is_versioned_database_store(store) and _databases.known(_sdk.versioned_engine(store))
+    if _sdk.is_versioned_database_store(store):
+        return _databases.known(_sdk.versioned_engine(store))
+    return save_unless_final_of(store) is not None
 
 
 def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:

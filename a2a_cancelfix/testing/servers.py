@@ -33,9 +33,10 @@ from a2a.utils.errors import A2AError
 from a2a_cancelfix._cancel.settings import Settings
 from a2a_cancelfix._executor import CancellableExecutor
 from a2a_cancelfix._handler import DefaultRequestHandler
+from a2a_cancelfix._own_store import used_unguarded
 from a2a_cancelfix._patching import is_patched
 from a2a_cancelfix._sdk import push_sender
-from a2a_cancelfix.store import FinalStateTaskStore, guardable
+from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import _wire
 from a2a_cancelfix.testing.executors import ScriptedExecutor
 from a2a_cancelfix.testing.observers import PushReceiver, Stream, state_of
@@ -222,7 +223,7 @@ def make_server(
     saves = Changes() if told else None
     # A guard tells of its saves (see Server); any other store is wrapped to tell of them,
     # unless ours (or the SDK's handler, patched) is to guard it: a wrapper would hide it.
-    guarded = (kind == "ours" or is_patched()) and guardable(given)
+    guarded = (kind == "ours" or is_patched()) and not used_unguarded(given)
     if saves is not None and not isinstance(given, FinalStateTaskStore) and not guarded:
         given = _SavesNoted(given, saves)
     receiver = PushReceiver()
