@@ -66,6 +66,24 @@ async def deadlock_retried(dialect: Dialect, transaction: Callable[[], Awaitable
             attempt += 1
 
 
+def stored_names(states: Any) -> list[str]:
+    """The stored ``status.state`` of ``states``: the enum name (1.0 rows), or the v0.3 value ('canceled')."""
+    from a2a.types import TaskState
+
+    from a2a_cancelfix._sdk import state_name
+
+    return sorted(name for state in states for name in (TaskState.Name(state), state_name(state).lower()))
+
+
+def row_values(row: Any) -> dict[Any, Any]:
+    """The columns the SDK's merge of ``row`` would write: those the row sets."""
+    import sqlalchemy as sa
+
+    mapper = sa.inspect(type(row))
+    given = sa.inspect(row).dict
+    return {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
+
+
 def _key(table: Any, values: Mapping[Any, Any]) -> Any:
     import sqlalchemy as sa
 

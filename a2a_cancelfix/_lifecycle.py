@@ -35,11 +35,11 @@ from a2a_cancelfix._cancel.queues import CancelQueue
 from a2a_cancelfix._cancel.recording import CanceledWrites
 from a2a_cancelfix._cancel.settings import Settings, Timeline
 from a2a_cancelfix._cancel.work import Work
+from a2a_cancelfix._lease_store import LeaseStore
 from a2a_cancelfix._liveness import Leases
 from a2a_cancelfix._replicas import RemoteCancels
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix._unwatched import Watchers
-from a2a_cancelfix.store import LeaseStore
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import AgentExecutor

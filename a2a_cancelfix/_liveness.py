@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from a2a.server.agent_execution import RequestContext
     from a2a.server.tasks import PushNotificationSender
 
-    from a2a_cancelfix.store import LeaseStore
+    from a2a_cancelfix._lease_store import LeaseStore
 
 logger = logging.getLogger("a2a_cancelfix")
 

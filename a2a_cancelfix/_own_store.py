@@ -23,8 +23,11 @@ from a2a.server.context import ServerCallContext
 from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import Task
 
+from a2a_cancelfix._lease_store import LeaseStore
 from a2a_cancelfix._sdk import TERMINAL_STATES
-from a2a_cancelfix.store import FinalStateTaskStore, LeaseStore, _to_the_end, guardable
+from a2a_cancelfix.store import _SAVE_UNLESS_FINAL as SAVE_UNLESS_FINAL
+from a2a_cancelfix.store import FinalStateTaskStore, _to_the_end, guardable
+from a2a_cancelfix.store import _save_unless_final_of as save_unless_final_of
 
 if TYPE_CHECKING:
     from a2a_cancelfix._cancel.settings import Settings
@@ -39,28 +42,6 @@ logger = logging.getLogger("a2a_cancelfix")
 
 # A whole guarded save: the write, then what a recorded cancel or a refusal calls for.
 _Save = Callable[[Task, ServerCallContext], Awaitable[None]]
-
-SAVE_UNLESS_FINAL = "save_unless_final"
-"""The method a store of the user's own implements to be guarded across processes (docs/stores.md):
-``async def save_unless_final(self, task, context) -> TaskState | None``, which writes ``task``
-unless the stored one is terminal, in one atomic step of its backend, and returns None when it
-wrote, else the stored terminal state."""
-
-
-def save_unless_final_of(store: Any) -> Callable[[Task, ServerCallContext], Awaitable[int | None]] | None:
-    """``store``'s own conditional write, if it has one."""
-    method = getattr(store, SAVE_UNLESS_FINAL, None)
-    return method if callable(method) else None
-
-
-def cannot_guard(store: Any) -> TypeError:
-    """What `FinalStateTaskStore` raises for a store it cannot guard."""
-    return TypeError(
-        "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore (or, on a2a-sdk 1.2+, "
-        f"a VersionedDatabaseTaskStore), or a store with a method {SAVE_UNLESS_FINAL}(task, context): "
-        f"{type(store).__name__} has none. Give it one (docs/stores.md), or hand the store to "
-        "DefaultRequestHandler as it is, which guards it within this process only"
-    )
 
 
 def guarded(store: Any, peers: LocalNotices | None) -> Any:
@@ -120,23 +101,6 @@ def say_what_is_off(store: Any, settings: Settings) -> None:
         logger.warning("task store %s %s%s (docs/stores.md)", name, guard, leases)
     elif leases:
         logger.info("task store %s %s%s (docs/stores.md)", name, guard, leases)
-
-
-def conditional_save(store: Any, guard: FinalStateTaskStore) -> _Save:
-    """The guarded save through ``store``'s own ``save_unless_final``, run to its end once begun
-    (landing late, it still meets the store's own condition)."""
-    whole = _to_the_end(getattr(store, SAVE_UNLESS_FINAL))
-
-    async def save(task: Task, context: ServerCallContext) -> None:
-        stored = await whole(task, context)
-        if stored is not None and stored not in TERMINAL_STATES:
-            raise TypeError(
-                f"{SAVE_UNLESS_FINAL} returned {stored!r} for task {task.id}: it returns None when it "
-                "wrote the task, else the stored terminal state (docs/stores.md)"
-            )
-        await guard._saved(task, stored, context)
-
-    return save
 
 
 class _GuardedHere(FinalStateTaskStore):

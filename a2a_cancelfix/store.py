@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from a2a.server.context import ServerCallContext
@@ -28,16 +27,12 @@ from a2a.server.tasks import DatabaseTaskStore, InMemoryTaskStore, TaskStore
 from a2a.types import (
     ListTasksRequest,
     ListTasksResponse,
-    Message,
-    Part,
-    Role,
     Task,
     TaskState,
-    TaskStatus,
-    TaskStatusUpdateEvent,
 )
 
 from a2a_cancelfix import _databases, _sdk, _telemetry
+from a2a_cancelfix._databases import row_values, stored_names
 from a2a_cancelfix._sdk import CANCELED, TERMINAL_STATES
 from a2a_cancelfix.notices import LocalNotices, notices_for
 
@@ -56,17 +51,7 @@ _Save = Callable[[Task, ServerCallContext], Awaitable[None]]
 _Announce = Callable[[Any, str], Awaitable[None]]
 
 
-def _stored_names(states: Any) -> list[str]:
-    """The stored ``status.state`` of ``states``: the enum name (1.0 rows), or the v0.3 value ('canceled')."""
-    return sorted(
-        name for state in states for name in (TaskState.Name(state), _sdk.state_name(state).lower())
-    )
-
-
-_TERMINAL_NAMES = _stored_names(TERMINAL_STATES)
-# What runs, or is about to: the states a task whose process died is ended from.
-_RUNNING = (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
-_RUNNING_NAMES = _stored_names(_RUNNING)
+_TERMINAL_NAMES = stored_names(TERMINAL_STATES)
 
 
 class FinalStateTaskStore(TaskStore):
@@ -102,10 +87,8 @@ class FinalStateTaskStore(TaskStore):
 
     def _guard(self, store: Any) -> Any:
         """The guarded save for ``store``; TypeError for a store it cannot guard in one step."""
-        from a2a_cancelfix import _own_store  # A store of the user's own; it imports this module.
-
-        if _own_store.save_unless_final_of(store) is not None:
-            return _own_store.conditional_save(store, self)
+        if _save_unless_final_of(store) is not None:  # A store of the user's own (docs/stores.md).
+            return _conditional_save(store, self)
         if isinstance(store, DatabaseTaskStore):
             write = _database_write(store, self._announce_in)
 
@@ -115,7 +98,12 @@ class FinalStateTaskStore(TaskStore):
             return save
         if isinstance(store, InMemoryTaskStore):
             return _memory_save(store, self)
-        raise _own_store.cannot_guard(store)
+        raise TypeError(
+            "FinalStateTaskStore wraps a DatabaseTaskStore or an InMemoryTaskStore (or, on a2a-sdk "
+            f"1.2+, a VersionedDatabaseTaskStore), or a store with a method {_SAVE_UNLESS_FINAL}(task, "
+            f"context): {type(store).__name__} has none. Give it one (docs/stores.md), or hand the "
+            "store to DefaultRequestHandler as it is, which guards it within this process only"
+        )
 
     def subscribe(
         self,
@@ -208,19 +196,47 @@ def _refusal_level(stored: int, refused: int) -> int:
     return logging.WARNING
 
 
+_SAVE_UNLESS_FINAL = "save_unless_final"
+"""The method a store of the user's own implements to be guarded across processes (docs/stores.md):
+``async def save_unless_final(self, task, context) -> TaskState | None``, which writes ``task``
+unless the stored one is terminal, in one atomic step of its backend, and returns None when it
+wrote, else the stored terminal state."""
+
+
+def _save_unless_final_of(store: Any) -> Callable[[Task, ServerCallContext], Awaitable[int | None]] | None:
+    """``store``'s own conditional write, if it has one."""
+    method = getattr(store, _SAVE_UNLESS_FINAL, None)
+    return method if callable(method) else None
+
+
+def _conditional_save(store: Any, guard: FinalStateTaskStore) -> _Save:
+    """The guarded save through ``store``'s own ``save_unless_final``, run to its end once begun
+    (landing late, it still meets the store's own condition)."""
+    whole = _to_the_end(getattr(store, _SAVE_UNLESS_FINAL))
+
+    async def save(task: Task, context: ServerCallContext) -> None:
+        stored = await whole(task, context)
+        if stored is not None and stored not in TERMINAL_STATES:
+            raise TypeError(
+                f"{_SAVE_UNLESS_FINAL} returned {stored!r} for task {task.id}: it returns None when it "
+                "wrote the task, else the stored terminal state (docs/stores.md)"
+            )
+        await guard._saved(task, stored, context)
+
+    return save
+
+
 def guardable(store: Any) -> bool:
     """Whether a `FinalStateTaskStore` can wrap ``store``: exactly one of the SDK's stores (the
     guard writes through their insides, past a subclass's own save) on a database it knows, or
     one with a ``save_unless_final``."""
-    from a2a_cancelfix._own_store import save_unless_final_of  # It imports this module.
-
     if type(store) is InMemoryTaskStore:
         return True
     if type(store) is DatabaseTaskStore:
         return _databases.known(_sdk.database_engine(store))
     if _sdk.is_versioned_database_store(store):
         return _databases.known(_sdk.versioned_engine(store))
-    return save_unless_final_of(store) is not None
+    return _save_unless_final_of(store) is not None
 
 
 def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
@@ -242,7 +258,7 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
 
         async def transaction() -> int | None:
             async with _sdk.database_transaction(store) as session:
-                if await dialect.save_unless(session, table, _row_values(row), _live(table)):
+                if await dialect.save_unless(session, table, row_values(row), _live(table)):
                     if task.status.state == CANCELED:
                         await announce_in(session, task.id)
                     return None
@@ -256,15 +272,6 @@ def _database_write(store: DatabaseTaskStore, announce_in: _Announce) -> _Write:
         return await _databases.deadlock_retried(dialect, transaction)
 
     return _to_the_end(write)
-
-
-def _row_values(row: Any) -> dict[Any, Any]:
-    """The columns the SDK's merge of ``row`` would write: those the row sets."""
-    import sqlalchemy as sa
-
-    mapper = sa.inspect(type(row))
-    given = sa.inspect(row).dict
-    return {p.columns[0]: getattr(row, p.key) for p in mapper.column_attrs if p.key in given}
 
 
 def _live(table: Any) -> Any:
@@ -483,149 +490,3 @@ def _versioned_class(base: type[FinalStateTaskStore]) -> type[FinalStateTaskStor
 
     VersionedFinalStateTaskStore.__qualname__ = VersionedFinalStateTaskStore.__name__
     return VersionedFinalStateTaskStore
-
-
-class LeaseStore:
-    """What a replica's leases (_liveness.py) need of a guarded database store: its engine, its
-    task table, the owner it files a caller's tasks under, and FAILED written over a task whose
-    run died with its process, in the caller's transaction.
-
-    Args:
-        guard: a `FinalStateTaskStore` over a ``DatabaseTaskStore`` or, on a2a-sdk 1.2+, a
-            ``VersionedDatabaseTaskStore``.
-    """
-
-    def __init__(self, guard: FinalStateTaskStore) -> None:
-        store = guard.wrapped
-        self.notices = guard.notices
-        self._versioned = store if _sdk.is_versioned_database_store(store) else None
-        self._database = store if self._versioned is None else _sdk.versioned_database(store)
-        self.engine = _sdk.database_engine(self._database)
-        self.model = _sdk.database_model(self._database)
-        self.table_name: str = self.model.__table__.name
-        self.dialect = _databases.dialect_of(self.engine, "a replica's leases")
-
-    @classmethod
-    def of(cls, store: Any) -> LeaseStore | None:
-        """The lease store of ``store`` (the one a handler was given), if it is a guarded database store."""
-        if not isinstance(store, FinalStateTaskStore):
-            return None
-        wrapped = store.wrapped
-        if not isinstance(wrapped, DatabaseTaskStore) and not _sdk.is_versioned_database_store(wrapped):
-            return None
-        return cls(store)
-
-    def owner(self, context: ServerCallContext) -> str:
-        return _sdk.database_owner(self._database, context)
-
-    def transaction(self) -> Any:
-        """A session in a transaction on the store's engine (``async with``)."""
-        return _sdk.database_transaction(self._database)
-
-    async def ready(self) -> None:
-        """Create the store's own tables, as its first save would."""
-        if self._versioned is not None:
-            await _sdk.versioned_tables_ready(self._versioned)
-        else:
-            await _sdk.database_ready(self._database)
-
-    async def running(self, session: Any) -> list[tuple[str, str]]:
-        """The id and owner of every task stored SUBMITTED or WORKING."""
-        import sqlalchemy as sa
-
-        model = self.model
-        rows = await session.execute(
-            sa.select(model.id, model.owner).where(model.status["state"].as_string().in_(_RUNNING_NAMES))
-        )
-        return [(task_id, owner) for task_id, owner in rows]
-
-    async def running_among(self, connection: Any, task_ids: Collection[str]) -> dict[str, bool]:
-        """Of ``task_ids``, those stored: whether each is SUBMITTED or WORKING."""
-        import sqlalchemy as sa
-
-        model = self.model
-        state = model.status["state"].as_string()
-        rows = await connection.execute(
-            sa.select(model.id, state.in_(_RUNNING_NAMES)).where(model.id.in_(list(task_ids)))
-        )
-        return {task_id: bool(running) for task_id, running in rows}
-
-    async def fail(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
-        """In ``session``'s transaction, which holds the write lock (SQLite) or locks the rows
-        it reads (PostgreSQL): FAILED, with ``why`` as its status message, over the task if it
-        is stored SUBMITTED or WORKING. The task as written, or None: nothing was.
-        """
-        if self._versioned is not None:
-            return await self._fail_versioned(session, task_id, owner, why)
-        import sqlalchemy as sa
-
-        model, database = self.model, self._database
-        kept = await session.scalar(
-            sa.select(model).where(model.id == task_id, model.owner == owner).with_for_update()
-        )
-        if kept is None:
-            return None
-        failed = _failed(_sdk.task_from_row(database, kept), why)
-        if failed is None:
-            return None
-        row = _sdk.database_row_of(database, failed, owner)
-        table = sa.inspect(type(row)).local_table
-        values = _row_values(row)
-        written = await session.execute(
-            sa.update(table)
-            .where(
-                table.c.id == task_id,
-                table.c.owner == owner,
-                table.c.status["state"].as_string().in_(_RUNNING_NAMES),
-            )
-            .values({column: value for column, value in values.items() if not column.primary_key})
-        )
-        return failed if written.rowcount == 1 else None
-
-    async def _fail_versioned(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
-        """As `fail`, for a VersionedDatabaseTaskStore: as its save, the version row locked,
-        bumped, the task merged, and the end journaled for the streams that tail it."""
-        import sqlalchemy as sa
-
-        store = self._versioned
-        versions, journal = _sdk.version_model(store), _sdk.journal_model(store)
-        stored_version = await _sdk.lock_version(store, session, task_id, owner)
-        current = await _sdk.current_task(store, session, task_id, owner)
-        failed = None if current is None else _failed(current, why)
-        if failed is None:
-            return None
-        new_version = (stored_version or 0) + 1
-        if stored_version is None:
-            await _sdk.insert_version(store, session, task_id, owner, new_version)
-        else:
-            this = sa.and_(versions.task_id == task_id, versions.owner == owner)
-            await session.execute(sa.update(versions).where(this).values(version=new_version))
-        await session.merge(_sdk.versioned_row(store, failed, owner))
-        event = TaskStatusUpdateEvent(task_id=task_id, context_id=failed.context_id, status=failed.status)
-        await session.execute(
-            sa.insert(journal).values(
-                task_id=task_id, owner=owner, task_version=new_version, event_data=_sdk.journal_entry(event)
-            )
-        )
-        return failed
-
-
-def _failed(task: Task, why: str) -> Task | None:
-    """``task`` FAILED, ``why`` its status message, if it is SUBMITTED or WORKING; else None."""
-    if task.status.state not in _RUNNING:
-        return None
-    failed = Task()
-    failed.CopyFrom(task)
-    status = TaskStatus(
-        state=TaskState.TASK_STATE_FAILED,
-        message=Message(
-            role=Role.ROLE_AGENT,
-            message_id=f"{task.id}-failed",
-            task_id=task.id,
-            context_id=task.context_id,
-            parts=[Part(text=why)],
-        ),
-    )
-    status.timestamp.FromNanoseconds(time.time_ns())
-    failed.status.CopyFrom(status)
-    return failed

@@ -40,6 +40,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from a2a_cancelfix import _sdk
+from a2a_cancelfix._lease_store import LeaseStore
 from a2a_cancelfix._sdk import TERMINAL_STATES
 from a2a_cancelfix.store import FinalStateTaskStore
 from a2a_cancelfix.testing import ScriptedExecutor, caller, make_server
@@ -441,21 +442,28 @@ async def test_two_first_saves_of_a_task_at_once_never_fail(database: Database) 
 
 
 @pytest.mark.asyncio
-async def test_a_database_store_on_a_database_without_an_entry_is_served_as_stock_serves_it(
-    tmp_path: Path,
+async def test_a_database_store_on_a_database_without_an_entry_is_served_as_a_store_of_ones_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A DatabaseTaskStore on a database with no entry of ours (SQL Server, say) is no longer
-    guarded: wrapping it is a TypeError naming the databases there are; our handler serves it
-    unwrapped, as the stock one does, where it used to raise at construction (as on MySQL)."""
+    """A DatabaseTaskStore on a database with no entry of ours (SQL Server, say): wrapping it is
+    a TypeError naming what it takes; our handler serves it, as the stock one does (where it
+    used to raise at construction, as on MySQL), guarded within the process as a store of one's
+    own is, without leases, and says so in one line."""
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}")
     engine.dialect.name = "mssql"  # What SQLAlchemy names SQL Server: nothing of ours knows it.
     try:
         store = DatabaseTaskStore(engine)
         with pytest.raises(TypeError, match="runs on mariadb, mysql, postgresql, sqlite, not mssql"):
             FinalStateTaskStore(store)
-        for kind in ("stock", "ours"):
-            server = make_server(kind, ScriptedExecutor(), store=store, told=False)
-            assert server.handler.task_store is store
+        make_server("stock", ScriptedExecutor(), store=store, told=False)
+        with caplog.at_level(logging.WARNING, logger="a2a_cancelfix"):
+            ours = make_server("ours", ScriptedExecutor(), store=store, told=False)
+        guard = ours.handler.task_store
+        assert isinstance(guard, FinalStateTaskStore) and guard.wrapped is store
+        assert LeaseStore.of(guard) is None
+        (said,) = [r.getMessage() for r in caplog.records if r.name == "a2a_cancelfix"]
+        assert said.startswith("task store DatabaseTaskStore has no save_unless_final"), said
+        assert "leases are off" in said
     finally:
         await engine.dispose()
 
