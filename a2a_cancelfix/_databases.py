@@ -21,9 +21,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from a2a.types import TaskState
+
+from a2a_cancelfix._sdk import state_name
+
 T = TypeVar("T")
 
-# Writes a row's ``values`` unless the stored row matches no ``live`` clause; True if written.
+# Writes a row's ``values`` where no row is stored yet, or the stored one matches ``live``; True if written.
 _SaveUnless = Callable[[Any, Any, Mapping[Any, Any], Any], Awaitable[bool]]
 # Inserts a row's ``values``, or overwrites the ``updated`` columns of the row with its key.
 _Upsert = Callable[[Any, Mapping[str, Any], Sequence[str]], Any]
@@ -68,10 +72,6 @@ async def deadlock_retried(dialect: Dialect, transaction: Callable[[], Awaitable
 
 def stored_names(states: Any) -> list[str]:
     """The stored ``status.state`` of ``states``: the enum name (1.0 rows), or the v0.3 value ('canceled')."""
-    from a2a.types import TaskState
-
-    from a2a_cancelfix._sdk import state_name
-
     return sorted(name for state in states for name in (TaskState.Name(state), state_name(state).lower()))
 
 
