@@ -111,7 +111,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             this one ends the tasks it was running FAILED, with a status message saying so,
             once; a replica that cannot renew for ``lease_time / 2`` cancels its own runs
             first. At least ``2 x (cancel_grace_period + 3)`` seconds (the default, 30, is
-            raised to that); ``None`` turns leases off. An in-memory store never leases.
+            raised to that; a value given, 30 too, is refused below it); ``None`` turns leases
+            off. An in-memory store never leases.
         sole_replica: this process is the only server of its task store: at its start (else
             its first request) it ends FAILED every task the store shows SUBMITTED or WORKING
             (a previous process's, leased or not) but its own runs. Off by default: where replicas of
