@@ -235,3 +235,29 @@ def test_no_module_assigns_the_attributes_of_another_modules_objects() -> None:
         for target in _assigned_elsewhere(ast.parse(path.read_text()))
     }
     assert assigned == ASSIGNED_ELSEWHERE
+
+
+def test_a_docstring_names_our_modules_as_they_are_named() -> None:
+    """A `module.name` in our code's text names one of our modules by its name (`_replicas`,
+    not `replicas`) and something that module has."""
+    package = Path(a2a_cancelfix.__file__).parent
+    modules: dict[str, list[str]] = {}
+    for module in pkgutil.walk_packages(a2a_cancelfix.__path__, "a2a_cancelfix."):
+        modules.setdefault(module.name.rsplit(".", 1)[1], []).append(module.name)
+
+    def resolves(first: str, rest: str) -> bool:
+        for name in modules.get(first, ()):
+            found: object = importlib.import_module(name)
+            for part in rest.split("."):
+                found = getattr(found, part, None)
+            if found is not None:
+                return True
+        return False
+
+    stale = [
+        f"{path.relative_to(package)}: `{first}.{rest}`"
+        for path in sorted(package.rglob("*.py"))
+        for first, rest in re.findall(r"(?<![`\w])`([A-Za-z_]\w*)\.([\w.]+)`(?!`)", path.read_text())
+        if (first in modules or f"_{first}" in modules) and not resolves(first, rest)
+    ]
+    assert stale == []
