@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -199,3 +200,12 @@ class RaisesOnItsWay(Agent):
     async def work(self) -> None:
         await step()
         raise ValueError("the model's answer was not JSON")
+
+
+class PacedByTheWallClock(Agent):
+    """Correct, but works for half a second of the wall clock, a step each 50 ms of it."""
+
+    async def work(self) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 0.5:  # noqa: ASYNC110 - the pace this executor has
+            await asyncio.sleep(0.05)

@@ -73,7 +73,7 @@ PUBLIC = {
         "wait_all_tasks_blocked",
         "within",
     },
-    "a2a_cancelfix.testing.examples": {"Pipeline", "claim_released"},
+    "a2a_cancelfix.testing.examples": {"Pipeline", "card", "claim_released"},
 }
 """Every public module and the names it exports; each named in the README or docs/."""
 

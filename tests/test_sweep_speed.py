@@ -155,3 +155,14 @@ def test_the_clock_does_not_skip_while_something_outside_the_loop_works(outside:
 async def test_two_tasks_may_wait_for_everyone_blocked_at_once() -> None:
     """Each would see the other run and wait for ever: the second waits for the first."""
     await within(asyncio.gather(wait_all_tasks_blocked(), wait_all_tasks_blocked()))
+
+
+@pytest.mark.asyncio
+async def test_a_run_paced_by_the_wall_clock_is_told_to_sweep_in_real_time() -> None:
+    """On the sweep's clock its 0.5 s of wall clock never pass before the run's bound: the
+    uncancelled row fails, and says to sweep it with --real-time, on which it holds."""
+    report = await sweep(broken.PacedByTheWallClock, grace_period=GRACE, origins=["local"])
+    (row,) = report.rows
+    hinted = any("--real-time (real_time=True)" in failure for failure in row.failures)
+    assert not row.ok and hinted, told(report)
+    assert (await sweep(broken.PacedByTheWallClock, grace_period=GRACE, origins=[], real_time=True)).ok

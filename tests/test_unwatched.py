@@ -541,8 +541,9 @@ async def test_a_follow_up_run_that_publishes_late_is_still_watched_for() -> Non
 class Untouchable:
     """A lifecycle none of whose parts a let-go task may reach."""
 
-    cancellations: dict[str, object] = {}
-    handler = None
+    def __init__(self) -> None:
+        self.cancellations: dict[str, object] = {}
+        self.handler = None
 
     def busy(self, task_id: str) -> bool:
         raise AssertionError(f"{task_id} was looked at after its run ended")
