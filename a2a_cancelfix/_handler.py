@@ -370,6 +370,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         # A blocking sender watches its task until it has its answer; a follow-up's, once the
         # task is known to be the caller's: a stranger's message must not keep it alive.
         observer: Observer | None = None
+        if self._closing:  # Begun while the leases did: refused as before.
+            raise shutting_down()
+        self._lifecycle.senders += 1  # In the turn of the check: a shutdown begun later waits for it.
         try:
             if not params.message.task_id:
                 if watchers is not None:
@@ -405,6 +408,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 return await self._remote.as_stored(result, context)
             return result
         finally:
+            self._lifecycle.sender_answered()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
@@ -431,11 +435,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         owned = True  # A stranger's message must not keep the task alive: not an observer.
         if follow_up:
             owned = await refuse_if_ended(self._lifecycle, params, context)
+        if self._closing:  # Begun while the leases or the task's read were awaited: refused as before.
+            raise shutting_down()
+        if follow_up:
             lifecycle.follow_up_accepted(message_id)
         observer = None if watchers is None or not owned else watchers.open(message.task_id, message_id)
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
+        lifecycle.senders += 1  # In the turn of the check: a shutdown begun later waits for it.
         self._open.sender_opened()
         try:
             async for event in events:
@@ -476,6 +484,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             raise_for(params.message.task_id, error)
         finally:
+            lifecycle.sender_answered()
             self._open.sender_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
