@@ -4,6 +4,7 @@ each; and some without, whose plain code or clean-up the sweep must not mistake 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -209,3 +210,17 @@ class PacedByTheWallClock(Agent):
         started = time.monotonic()
         while time.monotonic() - started < 0.5:  # noqa: ASYNC110 - the pace this executor has
             await asyncio.sleep(0.05)
+
+
+# One pool for the process, as code that shares it for a synchronous client does (a vendor's
+# SDK, boto3): its worker outlives each run, and started before most.
+SHARED_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-client")
+
+
+class SyncClientOnASharedPool(Agent):
+    """Correct: calls a synchronous client twice on `SHARED_POOL`, each call under a timeout."""
+
+    async def work(self) -> None:
+        for _ in range(2):  # A timer of 10 s: the loop's clock must not jump to it meanwhile.
+            async with asyncio.timeout(10):  # Python 3.11+ (wait_for on 3.11 swallows a cancel).
+                await asyncio.wrap_future(SHARED_POOL.submit(threading.Event().wait, 0.02))
