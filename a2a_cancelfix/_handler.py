@@ -372,7 +372,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         observer: Observer | None = None
         if self._closing:  # Begun while the leases did: refused as before.
             raise shutting_down()
-        self._lifecycle.senders += 1  # In the turn of the check: a shutdown begun later waits for it.
+        self._lifecycle.message_taken()  # In the turn of the check: a shutdown begun later waits for it.
         try:
             if not params.message.task_id:
                 if watchers is not None:
@@ -408,7 +408,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 return await self._remote.as_stored(result, context)
             return result
         finally:
-            self._lifecycle.sender_answered()
+            self._lifecycle.message_answered()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
@@ -443,7 +443,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
-        lifecycle.senders += 1  # In the turn of the check: a shutdown begun later waits for it.
+        lifecycle.message_taken()  # In the turn of the check: a shutdown begun later waits for it.
         self._open.sender_opened()
         try:
             async for event in events:
@@ -484,7 +484,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             raise_for(params.message.task_id, error)
         finally:
-            lifecycle.sender_answered()
+            lifecycle.message_answered()
             self._open.sender_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)

@@ -290,8 +290,12 @@ class Lifecycle:
         self._idle = Once()
         return await self._idle.wait(deadline)
 
-    def sender_answered(self) -> None:
-        """A message taken (``senders``) has its answer, or failed."""
+    def message_taken(self) -> None:
+        """A message is taken: a shutdown that begins now waits for its answer (``senders``)."""
+        self.senders += 1
+
+    def message_answered(self) -> None:
+        """A message taken has its answer, or failed."""
         self.senders -= 1
         if self._idle is not None and not self.works and not self.senders:
             self._idle.give()
