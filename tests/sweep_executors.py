@@ -224,3 +224,35 @@ class SyncClientOnASharedPool(Agent):
         for _ in range(2):  # A timer of 10 s: the loop's clock must not jump to it meanwhile.
             async with asyncio.timeout(10):  # Python 3.11+ (wait_for on 3.11 swallows a cancel).
                 await asyncio.wrap_future(SHARED_POOL.submit(threading.Event().wait, 0.02))
+
+
+async def tool_call() -> None:
+    await io()
+
+
+async def stubborn_tool_call() -> None:
+    try:
+        await io()
+    except asyncio.CancelledError:  # Swallowed: it goes on three grace periods past the cancel.
+        await asyncio.sleep(0.6)
+
+
+class ParallelToolCalls(Agent):
+    """Calls eight tools at once, as agents do, in child tasks started ``how``; with
+    ``stubborn``, the fifth swallows the cancel."""
+
+    def __init__(self, how: str = "TaskGroup", stubborn: bool = False) -> None:
+        self.how, self.stubborn = how, stubborn
+
+    def calls(self) -> list[Any]:
+        return [stubborn_tool_call() if self.stubborn and number == 4 else tool_call() for number in range(8)]
+
+    async def work(self) -> None:
+        if self.how == "TaskGroup":
+            async with asyncio.TaskGroup() as group:
+                for call in self.calls():
+                    group.create_task(call)
+        elif self.how == "create_task":
+            await asyncio.gather(*[asyncio.create_task(call) for call in self.calls()])
+        else:
+            await asyncio.gather(*self.calls())

@@ -195,6 +195,8 @@ ASSIGNED_ELSEWHERE = {
     ("testing/_origins.py", "row.answer"),
     ("_unwatched.py", "sender.task_id"),  # Observer
     ("_exit_signal.py", "self._status.should_exit"),  # sse-starlette's AppStatus, as its docs say
+    ("testing/_probe.py", "driven.__name__"),  # The coroutine it made, named as the one it drives
+    ("testing/_probe.py", "driven.__qualname__"),
 }
 
 

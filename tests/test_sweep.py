@@ -414,3 +414,21 @@ async def test_a_sweep_is_deterministic() -> None:
     """Swept twice, an executor shows the same rows: no row depends on timing."""
     first, second = [await swept(broken.SwallowsTheCancel, origins=("local", "remote")) for _ in range(2)]
     assert [row.as_dict() for row in first.rows] == [row.as_dict() for row in second.rows]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup is Python 3.11+")
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["TaskGroup", "create_task", "gather"])
+async def test_the_awaits_of_the_tasks_a_run_starts_are_swept(how: str) -> None:
+    """Eight tool calls at once in child tasks: a cancel lands at each child's awaits too, each
+    row named by the child's own line, its repeats folded as a loop's are. The fifth call
+    swallowing the cancel fails the rows that land in it; no child's await was a point, and
+    every row held."""
+    stubborn = await swept(functools.partial(broken.ParallelToolCalls, how, stubborn=True), origins=["local"])
+    line = f"sweep_executors.py:{line_of(broken.stubborn_tool_call)}"  # The child's own, outermost.
+    in_it = [row for row in stubborn.failures if row.point and row.point.stack[0] == line]
+    assert in_it and all("in stubborn_tool_call" in row.point.path for row in in_it), told(stubborn)
+    clean = await swept(functools.partial(broken.ParallelToolCalls, how), origins=["local"])
+    assert clean.ok, told(clean)
+    children = [row for row in clean.rows if row.point and "in tool_call" in row.point.path]
+    assert children and clean.folded, told(clean)
