@@ -112,8 +112,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
             this one ends the tasks it was running FAILED, with a status message saying so,
             once; a replica that cannot renew for ``lease_time / 2`` cancels its own runs
             first. At least ``2 x (cancel_grace_period + 3)`` seconds (the default, 30, is
-            raised to that); ``None`` turns leases off. An in-memory store never leases, nor a
-            store of your own (docs/stores.md).
+            raised to that; a value given, 30 too, is refused below it); ``None`` turns leases
+            off. An in-memory store never leases, nor a store of your own (docs/stores.md).
         sole_replica: this process is the only server of its task store: at its start (else
             its first request) it ends FAILED every task the store shows SUBMITTED or WORKING
             (a previous process's, leased or not) but its own runs. Off by default: where replicas of
@@ -372,6 +372,9 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         # A blocking sender watches its task until it has its answer; a follow-up's, once the
         # task is known to be the caller's: a stranger's message must not keep it alive.
         observer: Observer | None = None
+        if self._closing:  # Begun while the leases did: refused as before.
+            raise shutting_down()
+        self._lifecycle.message_taken()  # In the turn of the check: a shutdown begun later waits for it.
         try:
             if not params.message.task_id:
                 if watchers is not None:
@@ -407,6 +410,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
                 return await self._remote.as_stored(result, context)
             return result
         finally:
+            self._lifecycle.message_answered()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
 
@@ -433,11 +437,15 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         owned = True  # A stranger's message must not keep the task alive: not an observer.
         if follow_up:
             owned = await refuse_if_ended(self._lifecycle, params, context)
+        if self._closing:  # Begun while the leases or the task's read were awaited: refused as before.
+            raise shutting_down()
+        if follow_up:
             lifecycle.follow_up_accepted(message_id)
         observer = None if watchers is None or not owned else watchers.open(message.task_id, message_id)
         events = _sdk_stream(self, params, context)
         drained = False
         event: Any = None
+        lifecycle.message_taken()  # In the turn of the check: a shutdown begun later waits for it.
         self._open.sender_opened()
         try:
             async for event in events:
@@ -478,6 +486,7 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             raise_for(params.message.task_id, error)
         finally:
+            lifecycle.message_answered()
             self._open.sender_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)

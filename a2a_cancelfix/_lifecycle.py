@@ -99,6 +99,9 @@ class Lifecycle:
         self.parked: dict[str, ServerCallContext] = {}
         # Follow-up messages accepted for a running task that no run has taken yet, by id.
         self._follow_ups: set[str] = set()
+        # Messages taken and not answered yet: a shutdown waits for them as for the runs, which
+        # a message taken just before it registers only later (see `runs_ended`).
+        self.senders = 0
         self._idle: Once | None = None  # Made by a shutdown's wait for the runs to end.
 
     def bind(
@@ -280,11 +283,22 @@ class Lifecycle:
         await self._drive_in_span(cancellation, task, live, work.caller)
 
     async def runs_ended(self, deadline: float) -> bool:
-        """Wait until no ``execute()`` runs here, or until ``deadline``; whether none does."""
-        if not self.works:
+        """Wait until no ``execute()`` runs here, nor is to start for a message taken, or
+        until ``deadline``; whether none does."""
+        if not self.works and not self.senders:
             return True
         self._idle = Once()
         return await self._idle.wait(deadline)
+
+    def message_taken(self) -> None:
+        """A message is taken: a shutdown that begins now waits for its answer (``senders``)."""
+        self.senders += 1
+
+    def message_answered(self) -> None:
+        """A message taken has its answer, or failed."""
+        self.senders -= 1
+        if self._idle is not None and not self.works and not self.senders:
+            self._idle.give()
 
     async def requested_by_sdk(self, context: RequestContext, queue: EventQueue) -> None:
         """Carry out the stock handler's cancel, on the queue it gives; raise what ``cancel()`` raised."""
@@ -345,7 +359,7 @@ class Lifecycle:
                 self.leases.run_ended(task_id)
             if self.watchers is not None:
                 self.watchers.run_ended(task_id)
-            if self._idle is not None and not self.works:
+            if self._idle is not None and not self.works and not self.senders:
                 self._idle.give()
 
     def parked_here(self, task_id: str, caller: ServerCallContext) -> None:

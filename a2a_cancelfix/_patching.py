@@ -11,6 +11,7 @@ touches nothing outside your code. The shape is truststore's ``inject_into_ssl()
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import warnings
 from collections.abc import Callable
@@ -36,6 +37,13 @@ _METHODS = (
 )
 _ABSENT = object()  # An SDK class without the method (aclose on 1.0.x).
 _SDK_INIT = DefaultRequestHandlerV2.__dict__["__init__"]
+# The options patch() takes: our handler's own keywords (not every field of `Settings`, whose
+# ``timing`` is the testing kit's and would fail only at the first handler a framework builds).
+_OPTIONS = tuple(
+    parameter.name
+    for parameter in inspect.signature(DefaultRequestHandler.__init__).parameters.values()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+)
 
 # The options in force while patched; None while not.
 _options: dict[str, Any] | None = None
@@ -53,14 +61,15 @@ def patch(**options: Any) -> None:
     Args:
         options: our handler's keyword options (``cancel_grace_period``, ``on_parked``,
             ``on_canceled``, ``replica_poll_interval``, ``cancel_unwatched_after``,
-            ``cancel_unwatched_parked``, ``shutdown_drain_time``), for every handler.
+            ``cancel_unwatched_parked``, ``shutdown_drain_time``, ``lease_time``,
+            ``sole_replica``), for every handler; checked here, as the handler checks them.
 
     Raises:
         TypeError, ValueError: an option outside its documented values, or an unknown one.
         RuntimeError: already patched with other options.
     """
     global _options
-    unknown = set(options) - set(Settings.__dataclass_fields__)
+    unknown = set(options) - set(_OPTIONS)
     if unknown:
         raise TypeError(f"patch() got unknown options: {', '.join(sorted(unknown))}")
     settings = Settings(**options)  # Checked now, not at the first handler a framework builds.

@@ -48,7 +48,8 @@ LISTENER_STOP = 2.0
 class Watched(Protocol):
     """What the look-out looks after: a `Lifecycle`'s runs, parked tasks and cancels."""
 
-    # Read-only: the lifecycle's own dicts, of its own types, are what the look-out reads.
+    # The lifecycle's own dicts, of its own types: the look-out reads them, and deletes from
+    # `parked` only, a parked task it found ended elsewhere or whose run closed.
     @property
     def works(self) -> Mapping[str, Run]: ...
     @property

@@ -43,7 +43,7 @@ _PAYLOAD = 7000
 
 
 class Hearing(Protocol):
-    """How the replica hears the others (a `replicas.RemoteCancels`)."""
+    """How the replica hears the others (a `_replicas.RemoteCancels`)."""
 
     notices: CancelNotices | None
     peers: LocalNotices | None  # The handlers sharing this process's store, told directly.
@@ -52,7 +52,7 @@ class Hearing(Protocol):
 
 
 class Cancelling(Protocol):
-    """What cancels an unwatched task (a `lifecycle.Lifecycle`)."""
+    """What cancels an unwatched task (a `_lifecycle.Lifecycle`)."""
 
     cancellations: Any
     handler: Any
@@ -238,7 +238,9 @@ class Watchers:
     async def _expire(self, task_id: str, since: float) -> None:
         """Cancel the task, unless it ended, parked (and parked tasks are kept), has a push
         config, or someone came back meanwhile."""
-        caller = self._here[task_id]
+        caller = self._here.get(task_id)
+        if caller is None:
+            return  # Its run ended between the clock running out and this task's start.
         lifecycle = self._lifecycle
         try:
             task = await lifecycle.read(task_id, caller)

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import uvicorn
@@ -67,4 +68,6 @@ app = Starlette(
 )
 
 if __name__ == "__main__":
+    logging.basicConfig(format="%(levelname)s:  %(name)s: %(message)s")  # WARNING and above, from all.
+    logging.getLogger("a2a_cancelfix").setLevel(logging.INFO)  # And one line per cancel.
     uvicorn.run(app, host="127.0.0.1", port=8000)

@@ -4,8 +4,10 @@ each; and some without, whose plain code or clean-up the sweep must not mistake 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -199,3 +201,58 @@ class RaisesOnItsWay(Agent):
     async def work(self) -> None:
         await step()
         raise ValueError("the model's answer was not JSON")
+
+
+class PacedByTheWallClock(Agent):
+    """Correct, but works for half a second of the wall clock, a step each 50 ms of it."""
+
+    async def work(self) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 0.5:  # noqa: ASYNC110 - the pace this executor has
+            await asyncio.sleep(0.05)
+
+
+# One pool for the process, as code that shares it for a synchronous client does (a vendor's
+# SDK, boto3): its worker outlives each run, and started before most.
+SHARED_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-client")
+
+
+class SyncClientOnASharedPool(Agent):
+    """Correct: calls a synchronous client twice on `SHARED_POOL`, each call under a timeout."""
+
+    async def work(self) -> None:
+        for _ in range(2):  # A timer of 10 s: the loop's clock must not jump to it meanwhile.
+            async with asyncio.timeout(10):  # Python 3.11+ (wait_for on 3.11 swallows a cancel).
+                await asyncio.wrap_future(SHARED_POOL.submit(threading.Event().wait, 0.02))
+
+
+async def tool_call() -> None:
+    await io()
+
+
+async def stubborn_tool_call() -> None:
+    try:
+        await io()
+    except asyncio.CancelledError:  # Swallowed: it goes on three grace periods past the cancel.
+        await asyncio.sleep(0.6)
+
+
+class ParallelToolCalls(Agent):
+    """Calls eight tools at once, as agents do, in child tasks started ``how``; with
+    ``stubborn``, the fifth swallows the cancel."""
+
+    def __init__(self, how: str = "TaskGroup", stubborn: bool = False) -> None:
+        self.how, self.stubborn = how, stubborn
+
+    def calls(self) -> list[Any]:
+        return [stubborn_tool_call() if self.stubborn and number == 4 else tool_call() for number in range(8)]
+
+    async def work(self) -> None:
+        if self.how == "TaskGroup":
+            async with asyncio.TaskGroup() as group:
+                for call in self.calls():
+                    group.create_task(call)
+        elif self.how == "create_task":
+            await asyncio.gather(*[asyncio.create_task(call) for call in self.calls()])
+        else:
+            await asyncio.gather(*self.calls())

@@ -217,3 +217,19 @@ def test_version_prints_the_installed_package_and_sdk(capsys) -> None:
     expected = f"a2a-cancelfix {version('a2a-cancelfix')} (a2a-sdk {version('a2a-sdk')})"
     assert capsys.readouterr().out.strip() == expected
     assert a2a_cancelfix.__version__ == version("a2a-cancelfix")
+
+
+@pytest.mark.parametrize(
+    "command", ["check", "sweep a2a_cancelfix.testing.examples:Pipeline", "demo", "play x.toml"]
+)
+def test_an_unknown_option_is_told_with_the_commands_usage(command: str, capsys) -> None:
+    """`check --fast` exits 2 with `check`'s usage, which lists what it takes; argparse
+    printed the top-level one, which lists none of its options."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*command.split(), "--fast"])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert (
+        said.startswith(f"usage: a2a-cancelfix {command.split()[0]} ")
+        and "unrecognized arguments: --fast" in said
+    )

@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import io
+import logging
 import os
 import re
 import runpy
@@ -171,9 +172,14 @@ def fresh_database(code: str) -> Iterator[str]:
 
 @pytest.mark.parametrize("block", python_params())
 def test_a_python_block_runs_as_written(
-    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The block runs as a script (its tests too), or is word for word in the file it quotes."""
+    """The block runs as a script (its tests too), or is word for word in the file it quotes;
+    without a WARNING from the SDK about what it was given (an AgentCard lacking a required field)."""
     first, _, rest = block.code.partition("\n")
     if first.startswith("# examples/"):
         assert rest.strip() in (ROOT / first.removeprefix("# ")).read_text(), f"{block} is not in {first}"
@@ -208,6 +214,10 @@ def test_a_python_block_runs_as_written(
                 test()
     finally:
         a2a_cancelfix.unpatch()
+    warned = [
+        r.getMessage() for r in caplog.records if r.name.startswith("a2a.") and r.levelno >= logging.WARNING
+    ]
+    assert not warned, f"{block}: the SDK warned: {warned}"
 
 
 @contextlib.contextmanager
@@ -288,9 +298,13 @@ def test_a_bash_blocks_commands_are_ones_that_work(block: Block) -> None:
 
 def test_the_first_screen_has_the_two_set_up_commands_and_ci_runs_the_second() -> None:
     """The README's first screen (before its first section) shows exactly two commands, the
-    main job and the whole test suite; `.ci/run` runs that suite's command."""
-    first_screen = README.read_text().split("\n## ", 1)[0].count("\n") + 1
+    main job and the whole test suite; `.ci/run` runs that suite's command. It says how to
+    run the quick loop too, as CONTRIBUTING.md's loop does (the suite alone took 17 minutes)."""
+    text = README.read_text().split("\n## ", 1)[0]
+    first_screen = text.count("\n") + 1
     assert first_screen <= 40
+    (loop,) = blocks("console", [ROOT / "CONTRIBUTING.md"])[:1]
+    assert f"`{loop.code.strip()}`" in text
     shown = [block for block in blocks("bash", [README]) if block.line <= first_screen]
     assert [block.code.count("\n") for block in shown] == [2]
     assert [" ".join(words) for words in commands(shown[0])] == [
@@ -384,6 +398,19 @@ async def test_the_example_server_serves_its_card_cancels_and_closes_the_handler
         await aclose()
 
     monkeypatch.setattr(server.handler, "aclose", noted_aclose)
+    async with server.app.router.lifespan_context(server.app):
+        transport = httpx.ASGITransport(app=server.app)
+        async with httpx.AsyncClient(transport=transport, base_url=server.URL, timeout=10) as client:
+            card = (await client.get("/.well-known/agent-card.json")).json()
+            assert card["name"] == "summariser"
+            answer = await send_and_cancel(client)
+            assert answer["result"]["status"]["state"] == "TASK_STATE_CANCELED"
+        assert not closed
+    assert closed == [True]
+
+
+async def send_and_cancel(client: httpx.AsyncClient) -> Any:
+    """Send the example server a message, cancel its task at once: the cancel's answer."""
     headers = {"A2A-Version": "1.0"}
     message = {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "summarise this"}]}
     send = {
@@ -392,14 +419,37 @@ async def test_the_example_server_serves_its_card_cancels_and_closes_the_handler
         "method": "SendMessage",
         "params": {"message": message, "configuration": {"returnImmediately": True}},
     }
-    async with server.app.router.lifespan_context(server.app):
-        transport = httpx.ASGITransport(app=server.app)
-        async with httpx.AsyncClient(transport=transport, base_url=server.URL, timeout=10) as client:
-            card = (await client.get("/.well-known/agent-card.json")).json()
-            assert card["name"] == "summariser"
-            task_id = (await client.post("/", json=send, headers=headers)).json()["result"]["task"]["id"]
-            cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task_id}}
-            answer = (await client.post("/", json=cancel, headers=headers)).json()
-            assert answer["result"]["status"]["state"] == "TASK_STATE_CANCELED"
-        assert not closed
-    assert closed == [True]
+    task_id = (await client.post("/", json=send, headers=headers)).json()["result"]["task"]["id"]
+    cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task_id}}
+    return (await client.post("/", json=cancel, headers=headers)).json()
+
+
+# Runs examples/server.py as its command does, uvicorn.run serving the app in process instead
+# of on a port: a message, and its cancel.
+RUN_THE_EXAMPLE = """
+import asyncio, runpy, sys
+import httpx, uvicorn
+from tests.test_docs import send_and_cancel
+
+async def serve(app):
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000/", timeout=10) as client:
+            await send_and_cancel(client)
+
+uvicorn.run = lambda app, **options: asyncio.run(serve(app))
+runpy.run_path("examples/server.py", run_name="__main__")
+"""
+
+
+@pytest.mark.edges_only  # Its own interpreter, for what runs in process on every release (see noxfile.py).
+def test_the_example_server_logs_a_line_per_cancel() -> None:
+    """`python examples/server.py` shows the INFO line per cancel the README promises (its
+    logging was left unconfigured: Python's default shows WARNING and above only)."""
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_THE_EXAMPLE], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"INFO: +a2a_cancelfix: cancel task=\S+ path=\S+ outcome=CANCELED", result.stderr), (
+        result.stderr
+    )

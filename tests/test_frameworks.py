@@ -8,6 +8,7 @@ matrix).
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from a2a_cancelfix.testing import Stream, cancel, make_server, message, state_of
 from .support import told
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
+PAGE = (Path(__file__).parent.parent / "docs" / "frameworks.md").read_text()
 GRACE = 0.2
 
 # ADK marks its A2A support experimental, with a warning at each use.
@@ -41,6 +43,15 @@ async def test_an_adk_agent_sweeps_clean(factory: str) -> None:
     assert report.ok, told(report)
     kinds = {row.point.kind for row in report.rows[1:] if row.point}
     assert {"publish", "published", "ended"} <= kinds
+    rows, folded = documented(r"google-adk 2\.13\.0: (\d+) rows,\s+and (\d+) more")
+    assert (len(report.rows), report.folded) == (rows, folded)  # What docs/frameworks.md says.
+
+
+def documented(pattern: str) -> tuple[int, ...]:
+    """The numbers docs/frameworks.md gives where ``pattern`` matches."""
+    found = re.search(pattern, PAGE)
+    assert found, pattern
+    return tuple(int(number) for number in found.groups())
 
 
 @pytest.mark.asyncio
@@ -51,7 +62,7 @@ async def test_a_langgraph_agent_behind_a2a_adapter_sweeps_clean() -> None:
 
     report = await sweep(langgraph_agent.executor, grace_period=GRACE)
     assert report.ok, told(report)
-    assert len(report.rows) > 1
+    assert (len(report.rows),) == documented(r"LangGraph 1\.2\.24: (\d+) rows")
 
 
 @pytest.mark.asyncio
@@ -65,6 +76,7 @@ async def test_the_kit_names_what_a2a_lite_publishes_after_a_cancel() -> None:
     report = await sweep(lite_agent.executor, grace_period=GRACE)
     assert report.rows[0].ok  # Uncancelled, it completes.
     assert report.failures, told(report)
+    assert (len(report.failures), len(report.rows)) == documented(r"fails (\d+) of\s+its (\d+) rows")
     named = "publishing FAILED after it had seen the cancel"
     observers = ("store", "stream", "subscriber", "push")
     for row in report.failures:

@@ -73,7 +73,7 @@ PUBLIC = {
         "wait_all_tasks_blocked",
         "within",
     },
-    "a2a_cancelfix.testing.examples": {"Pipeline", "claim_released"},
+    "a2a_cancelfix.testing.examples": {"Pipeline", "card", "claim_released"},
 }
 """Every public module and the names it exports; each named in the README or docs/."""
 
@@ -195,6 +195,8 @@ ASSIGNED_ELSEWHERE = {
     ("testing/_origins.py", "row.answer"),
     ("_unwatched.py", "sender.task_id"),  # Observer
     ("_exit_signal.py", "self._status.should_exit"),  # sse-starlette's AppStatus, as its docs say
+    ("testing/_probe.py", "driven.__name__"),  # The coroutine it made, named as the one it drives
+    ("testing/_probe.py", "driven.__qualname__"),
 }
 
 
@@ -235,3 +237,29 @@ def test_no_module_assigns_the_attributes_of_another_modules_objects() -> None:
         for target in _assigned_elsewhere(ast.parse(path.read_text()))
     }
     assert assigned == ASSIGNED_ELSEWHERE
+
+
+def test_a_docstring_names_our_modules_as_they_are_named() -> None:
+    """A `module.name` in our code's text names one of our modules by its name (`_replicas`,
+    not `replicas`) and something that module has."""
+    package = Path(a2a_cancelfix.__file__).parent
+    modules: dict[str, list[str]] = {}
+    for module in pkgutil.walk_packages(a2a_cancelfix.__path__, "a2a_cancelfix."):
+        modules.setdefault(module.name.rsplit(".", 1)[1], []).append(module.name)
+
+    def resolves(first: str, rest: str) -> bool:
+        for name in modules.get(first, ()):
+            found: object = importlib.import_module(name)
+            for part in rest.split("."):
+                found = getattr(found, part, None)
+            if found is not None:
+                return True
+        return False
+
+    stale = [
+        f"{path.relative_to(package)}: `{first}.{rest}`"
+        for path in sorted(package.rglob("*.py"))
+        for first, rest in re.findall(r"(?<![`\w])`([A-Za-z_]\w*)\.([\w.]+)`(?!`)", path.read_text())
+        if (first in modules or f"_{first}" in modules) and not resolves(first, rest)
+    ]
+    assert stale == []

@@ -1026,6 +1026,13 @@ async def test_without_leases_nothing_is_leased_nor_runs_behind(store: str, tmp_
     ("options", "error", "named"),
     [
         ({"lease_time": 10.0, "cancel_grace_period": 5.0}, ValueError, ("lease_time", "cancel_grace_period")),
+        # The default's value, given: judged as any other (it was taken, and raised to 46 s).
+        (
+            {"lease_time": 30.0, "cancel_grace_period": 20.0},
+            ValueError,
+            ("lease_time", "cancel_grace_period"),
+        ),
+        ({"lease_time": 30, "cancel_grace_period": 20.0}, ValueError, ("lease_time", "cancel_grace_period")),
         ({"lease_time": 0}, ValueError, ("lease_time",)),
         ({"lease_time": math.inf}, ValueError, ("lease_time",)),
         ({"lease_time": math.nan}, ValueError, ("lease_time",)),
@@ -1033,7 +1040,17 @@ async def test_without_leases_nothing_is_leased_nor_runs_behind(store: str, tmp_
         ({"lease_time": True}, TypeError, ("lease_time",)),
         ({"sole_replica": 1}, TypeError, ("sole_replica",)),
     ],
-    ids=["shorter than the grace needs", "zero", "infinite", "nan", "a string", "a bool", "sole_replica"],
+    ids=[
+        "shorter than the grace needs",
+        "30 given",
+        "30 given as an int",
+        "zero",
+        "infinite",
+        "nan",
+        "a string",
+        "a bool",
+        "sole_replica",
+    ],
 )
 def test_a_lease_outside_its_documented_values_is_refused(
     options: dict[str, Any], error: type[Exception], named: tuple[str, ...]
@@ -1056,6 +1073,7 @@ def test_the_default_lease_is_long_enough_for_the_grace_period() -> None:
     assert lease() == 30.0
     assert lease(cancel_grace_period=20.0) == 2 * (20.0 + 3 * Timing().margin)
     assert lease(cancel_grace_period=20.0, lease_time=60.0) == 60.0
+    assert lease(lease_time=30) == 30.0 and type(lease(lease_time=30)) is float
     assert lease(lease_time=None) is None
 
 

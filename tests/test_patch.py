@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 import a2a_cancelfix
 from a2a_cancelfix import FinalStateTaskStore, _sdk
 from a2a_cancelfix import _handler as handler_module
-from a2a_cancelfix._cancel.settings import DEFAULT_GRACE_PERIOD
+from a2a_cancelfix._cancel.settings import DEFAULT_GRACE_PERIOD, Timing
 from a2a_cancelfix.testing import (
     ScriptedExecutor,
     Server,
@@ -186,6 +187,29 @@ def test_patch_is_idempotent_checks_its_options_and_logs_once(caplog: pytest.Log
         a2a_cancelfix.unpatch()
     patched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("a2a_cancelfix patched")]
     assert len(patched) == 1 and _sdk.SDK_VERSION in patched[0]
+
+
+def test_patch_takes_the_handlers_options_and_checks_them_at_the_call() -> None:
+    """Every keyword option of the handler, each named in patch()'s docstring, checked at the
+    call as the handler checks it. ``timing``, which the settings have but the handler does not
+    take, is refused at the call: it passed, and failed at the first handler a framework built."""
+    sdk_init = DefaultRequestHandlerV2.__init__
+    with pytest.raises(TypeError, match="timing"):
+        a2a_cancelfix.patch(timing=Timing())
+    with pytest.raises(ValueError, match="lease_time"):
+        a2a_cancelfix.patch(lease_time=30, cancel_grace_period=20.0)
+    assert DefaultRequestHandlerV2.__init__ is sdk_init
+    keywords = [
+        parameter.name
+        for parameter in inspect.signature(a2a_cancelfix.DefaultRequestHandler.__init__).parameters.values()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert [name for name in keywords if f"``{name}``" not in (a2a_cancelfix.patch.__doc__ or "")] == []
+    a2a_cancelfix.patch(lease_time=60.0, sole_replica=False)
+    try:
+        assert DefaultRequestHandlerV2(**arguments(ScriptedExecutor()))._lifecycle.settings.lease_time == 60.0
+    finally:
+        a2a_cancelfix.unpatch()
 
 
 def test_patch_with_other_options_while_patched_is_refused() -> None:

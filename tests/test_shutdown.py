@@ -9,6 +9,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,10 +18,12 @@ import wrapt
 from a2a.server.request_handlers.default_request_handler_v2 import DefaultRequestHandlerV2
 from a2a.server.tasks import (
     BasePushNotificationSender,
+    DatabaseTaskStore,
     InMemoryPushNotificationConfigStore,
     InMemoryTaskStore,
 )
 from a2a.types import SendMessageRequest, TaskState, UnsupportedOperationError
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore
 from a2a_cancelfix._cancel.settings import Timing
@@ -421,3 +424,61 @@ async def test_a_shutdown_ends_within_its_bound_a_run_that_ignores_the_cancel(ki
     finally:
         server.executor.released.set()
     await within(server.executor.stopped.wait())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("store", ["in memory", "sqlite"])
+@pytest.mark.parametrize("how", ["blocking", "non-blocking", "stream"])
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_message_that_arrives_as_the_shutdown_begins_is_ended(
+    kind: str, how: str, store: str, tmp_path: Path
+) -> None:
+    """A message reaches the handler in the loop turn ``aclose()`` is called in, just before
+    it: taken, its run is one the shutdown ends as any other. Ours lets it go for the drain,
+    then cancels it: ``cancel()`` is called, the sender is answered, the stream and the store
+    end CANCELED. It saw no run yet and closed at once: the run registered just after, the
+    SDK's close killed it, the sender was never answered, stream and store kept WORKING.
+    Stock's ``aclose()`` (1.1.2+) kills the run too."""
+    engine = (
+        create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'tasks.db'}") if store == "sqlite" else None
+    )
+    task_store = None if engine is None else DatabaseTaskStore(engine)
+    if task_store is not None:
+        await within(task_store.initialize())
+    server = running(kind, store=task_store)
+    request = SendMessageRequest(message=message())
+    request.configuration.return_immediately = how == "non-blocking"
+    try:
+        if how == "stream":
+            sender: Any = Stream(server.calls.send_stream(request, "alice"))
+        else:
+            sender = asyncio.ensure_future(outcome(server.calls.send(request, "alice")))
+        aclose = getattr(server.handler, "aclose", None)
+        if aclose is None:  # Stock on 1.0.x: no shutdown to compare; the run just completes.
+            server.executor.step.open()
+            await within(sender.ended() if how == "stream" else sender)
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await within(asyncio.ensure_future(aclose()), BOUND_OF_ACLOSE)  # In the same loop turn, after it.
+        took = loop.time() - started
+        task_id = server.executor.task_id or ""
+        if kind == "stock":  # Killed as it started, if it did: never ended, cancel() never called.
+            assert not task_id or await within(stored(server, task_id)) in (
+                "TaskNotFound",
+                "SUBMITTED",
+                "WORKING",
+            )
+            assert not server.executor.cancel_called.is_set()
+            return
+        assert DRAIN * 0.9 <= took <= BOUND_OF_ACLOSE  # The run was drained, then cancelled.
+        assert server.executor.cancel_called.is_set() and server.executor.stopped.is_set()
+        assert await within(stored(server, task_id)) == "CANCELED"
+        if how == "stream":
+            assert await sender.ended() and sender.last == "CANCELED"
+        else:
+            answered = await within(sender)  # A non-blocking sender is answered as the run starts.
+            assert answered in (("CANCELED",) if how == "blocking" else ("SUBMITTED", "WORKING"))
+    finally:
+        if engine is not None:
+            await engine.dispose()

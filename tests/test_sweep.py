@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import subprocess
 import sys
@@ -44,6 +45,12 @@ async def swept(executor: object, **options: object) -> Report:
     return report
 
 
+def line_of(function: Any) -> int:
+    """The line of ``function``'s first await, as a row names it."""
+    lines, first = inspect.getsourcelines(function)
+    return first + next(number for number, line in enumerate(lines) if "await " in line)
+
+
 # Each broken executor: the origin and moment of a row that must fail, and what it must say.
 DEFECTS = [
     (
@@ -70,7 +77,8 @@ DEFECTS = [
     (
         broken.ThreadNeverChecks,
         "local",
-        "await asyncio.to_thread in execute > work (sweep_executors.py:97), interrupted",
+        f"await asyncio.to_thread in execute > work (sweep_executors.py:{line_of(broken.ThreadNeverChecks.work)}),"
+        " interrupted",
         "a thread it started still ran 0.2 s after the cancel returned, in crunch (sweep_executors.py:",
     ),
     (
@@ -406,3 +414,21 @@ async def test_a_sweep_is_deterministic() -> None:
     """Swept twice, an executor shows the same rows: no row depends on timing."""
     first, second = [await swept(broken.SwallowsTheCancel, origins=("local", "remote")) for _ in range(2)]
     assert [row.as_dict() for row in first.rows] == [row.as_dict() for row in second.rows]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup is Python 3.11+")
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["TaskGroup", "create_task", "gather"])
+async def test_the_awaits_of_the_tasks_a_run_starts_are_swept(how: str) -> None:
+    """Eight tool calls at once in child tasks: a cancel lands at each child's awaits too, each
+    row named by the child's own line, its repeats folded as a loop's are. The fifth call
+    swallowing the cancel fails the rows that land in it; no child's await was a point, and
+    every row held."""
+    stubborn = await swept(functools.partial(broken.ParallelToolCalls, how, stubborn=True), origins=["local"])
+    line = f"sweep_executors.py:{line_of(broken.stubborn_tool_call)}"  # The child's own, outermost.
+    in_it = [row for row in stubborn.failures if row.point and row.point.stack[0] == line]
+    assert in_it and all("in stubborn_tool_call" in row.point.path for row in in_it), told(stubborn)
+    clean = await swept(functools.partial(broken.ParallelToolCalls, how), origins=["local"])
+    assert clean.ok, told(clean)
+    children = [row for row in clean.rows if row.point and "in tool_call" in row.point.path]
+    assert children and clean.folded, told(clean)

@@ -5,7 +5,9 @@ skipped, progress and failing scenario files as it goes."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -155,3 +157,50 @@ def test_the_clock_does_not_skip_while_something_outside_the_loop_works(outside:
 async def test_two_tasks_may_wait_for_everyone_blocked_at_once() -> None:
     """Each would see the other run and wait for ever: the second waits for the first."""
     await within(asyncio.gather(wait_all_tasks_blocked(), wait_all_tasks_blocked()))
+
+
+@pytest.mark.asyncio
+async def test_a_run_paced_by_the_wall_clock_is_told_to_sweep_in_real_time() -> None:
+    """On the sweep's clock its 0.5 s of wall clock never pass before the run's bound: the
+    uncancelled row fails, and says to sweep it with --real-time, on which it holds."""
+    report = await sweep(broken.PacedByTheWallClock, grace_period=GRACE, origins=["local"])
+    (row,) = report.rows
+    hinted = any("--real-time (real_time=True)" in failure for failure in row.failures)
+    assert not row.ok and hinted, told(report)
+    assert (await sweep(broken.PacedByTheWallClock, grace_period=GRACE, origins=[], real_time=True)).ok
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11+")
+@pytest.mark.asyncio
+async def test_the_clock_does_not_skip_while_a_shared_pool_works() -> None:
+    """A synchronous client called on a process-wide pool through ``asyncio.wrap_future``,
+    under a 10 s timeout: the clock waits for the thread, every row holds. It jumped to the
+    timeout (the pool's worker had started before the row's loop, or was idle as the work was
+    queued), and the uncancelled run failed on TimeoutError in a hundredth of a second."""
+    broken.SHARED_POOL.submit(lambda: None).result(BOUND)  # Its worker starts before any row.
+    report = await swept(broken.SyncClientOnASharedPool, origins=["local"])
+    assert report.ok, told(report)
+
+
+@pytest.mark.parametrize("worker", ["started before the loop", "idle as the work comes"])
+def test_a_pools_worker_works_from_the_moment_its_work_is_queued(worker: str) -> None:
+    """Judged from the work queued for it to the work done, however old the worker is, and
+    whether it has woken to take the work yet or not."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    release = threading.Event()
+    if worker == "started before the loop":
+        pool.submit(lambda: None).result(BOUND)
+    loop = VirtualTimeLoop()
+    try:
+        if worker == "idle as the work comes":
+            loop.run_until_complete(asyncio.wrap_future(pool.submit(lambda: None), loop=loop))
+        work = pool.submit(release.wait, BOUND)
+        assert loop._outside_works()
+        release.set()
+        work.result(BOUND)
+        pool.shutdown(wait=True)
+        assert not loop._outside_works()
+    finally:
+        release.set()
+        pool.shutdown(wait=False)
+        loop.close()

@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,8 +29,9 @@ from a2a.types import (
     TaskState,
 )
 
-from a2a_cancelfix import FinalStateTaskStore, _sdk, cancellable, on_cancel
+from a2a_cancelfix import FinalStateTaskStore, _aio, _sdk, _unwatched, cancellable, on_cancel
 from a2a_cancelfix._cancel.settings import Settings
+from a2a_cancelfix._unwatched import Watchers
 from a2a_cancelfix.notices import CancelNotices
 from a2a_cancelfix.testing import Gate, Stream, caller, make_server, message, stored, within
 from a2a_cancelfix.testing.servers import Server
@@ -534,3 +536,46 @@ async def test_a_follow_up_run_that_publishes_late_is_still_watched_for() -> Non
         return await state() == "CANCELED"
 
     await eventually(recorded)
+
+
+class Untouchable:
+    """A lifecycle none of whose parts a let-go task may reach."""
+
+    def __init__(self) -> None:
+        self.cancellations: dict[str, object] = {}
+        self.handler = None
+
+    def busy(self, task_id: str) -> bool:
+        raise AssertionError(f"{task_id} was looked at after its run ended")
+
+    async def read(self, task_id: str, caller: Any) -> Any:
+        raise AssertionError(f"{task_id} was read after its run ended")
+
+    async def unwatched(self, task: Any, live: Any, caller: Any, after: float) -> None:
+        raise AssertionError("a task whose run ended was cancelled as unwatched")
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_ends_as_its_clock_runs_out_is_let_go(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The clock runs out and, in the same loop turn, the run ends, before the look at the task
+    starts: the task is let go. The look read the run's caller regardless (a KeyError, logged at
+    ERROR as background work that failed)."""
+    remote = SimpleNamespace(notices=None, peers=object(), hearing=True, heard_since=0.0)
+    watchers = Watchers(Untouchable(), AFTER, False, None, remote)
+    looks: list[asyncio.Future[None]] = []
+    looking = asyncio.Event()
+
+    def run_ends_first(work: Any) -> asyncio.Future[None]:
+        watchers.run_ended("t")  # In the turn the clock ran out in, before the look starts.
+        looks.append(_aio.in_background(work))
+        looking.set()
+        return looks[-1]
+
+    monkeypatch.setattr(_unwatched, "in_background", run_ends_first)
+    with caplog.at_level(logging.ERROR, logger="a2a_cancelfix"):
+        watchers.run_started(SimpleNamespace(task_id="t", call_context=caller(), message=None))  # type: ignore[arg-type]
+        await within(looking.wait())  # The clock ran out.
+        await within(looks[0])
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]

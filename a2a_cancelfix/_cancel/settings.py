@@ -13,8 +13,15 @@ DEFAULT_GRACE_PERIOD = 5.0
 # How long a handler's aclose() may take: pushes sent, pending CANCELED writes tried once more.
 DEFAULT_DRAIN_TIME = 5.0
 DEFAULT_POLL_INTERVAL = 1.0
+
+
+class _DefaultSeconds(float):
+    """A default that is raised where the other options need more; a value given is a plain
+    number, judged as given (``lease_time=30`` too)."""
+
+
 # A replica's lease on its runs, where the task store is a database (see _liveness.py).
-DEFAULT_LEASE_TIME = 30.0
+DEFAULT_LEASE_TIME: float = _DefaultSeconds(30.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +122,7 @@ class Settings:
         """A lease long enough for a replica that lost it to stop its runs in its first half.
 
         The default is raised to that minimum where a long grace period needs more; a
-        ``lease_time`` given below it is refused.
+        ``lease_time`` given below it is refused, whatever its value (30 too).
         """
         if not isinstance(self.sole_replica, bool):
             raise TypeError(f"sole_replica must be True or False, not {self.sole_replica!r}")
@@ -124,7 +131,7 @@ class Settings:
         lease_time = checked_seconds("lease_time", self.lease_time)
         least = self.least_lease_time
         if lease_time < least:
-            if lease_time != DEFAULT_LEASE_TIME:
+            if not isinstance(self.lease_time, _DefaultSeconds):
                 raise ValueError(
                     f"lease_time must be at least 2 x (cancel_grace_period + 3 x {self.timing.margin:g} s) "
                     f"= {least:g} s with cancel_grace_period={self.cancel_grace_period:g}, not {lease_time:g}"

@@ -1,8 +1,9 @@
 """Virtual time for the sweep's runs: waits on the loop's own timers cost no real time.
 
 The loop's clock is the real clock plus every wait it skipped. When nothing is ready to run and
-nothing outside the loop works for it (no thread started since the loop began, no socket or
-pipe of anyone's registered), only a timer can wake it: the clock jumps to that timer at once.
+nothing outside the loop works for it (no thread started since the loop began, nor any pool's
+worker, no socket or pipe of anyone's registered), only a timer can wake it: the clock jumps to
+that timer at once.
 Otherwise it waits as any loop does. A row sees the same order of events either way; an
 executor's ``asyncio.sleep(0.1)`` standing in for a model call just takes no real time.
 """
@@ -41,12 +42,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return work
 
     def _outside_works(self) -> bool:
-        """Whether something outside the loop may still wake it: a thread, a socket, a pipe."""
+        """Whether something outside the loop may still wake it: a thread, a socket, a pipe.
+
+        The threads judged are those started since the loop began and every pool's workers
+        (a process-wide pool's outlive the loops, and the work for them comes from anywhere,
+        ``asyncio.wrap_future(pool.submit(...))`` too); not the thread running this loop.
+        """
         if any(not work.done() for work in self._handed):
             return True
         if len(self._clock.get_map()) > self._own_files:
             return True
-        return any(working(thread) for thread in threading.enumerate() if thread not in self._threads)
+        here = threading.current_thread()
+        return any(
+            working(thread)
+            for thread in threading.enumerate()
+            if thread is not here and (thread not in self._threads or _work_queue(thread) is not None)
+        )
 
 
 class _SkippingSelector(selectors.DefaultSelector):
@@ -77,7 +88,16 @@ def started_here(thread: threading.Thread) -> bool:
 # Where a pool's worker thread waits for its next work item: concurrent.futures' (and so
 # asyncio's) on a SimpleQueue, in C, inside _worker; another pool's in queue.Queue.get (anyio's
 # are judged by their queue, in `working`).
-_IDLE_AT = {("concurrent.futures.thread", "_worker"), ("queue", "get")}
+_POOLS_IDLE_AT = ("concurrent.futures.thread", "_worker")
+_IDLE_AT = {_POOLS_IDLE_AT, ("queue", "get")}
+
+
+def _work_queue(thread: threading.Thread) -> queue.SimpleQueue[Any] | None:
+    """The queue a concurrent.futures pool's worker takes its work from; None for another thread."""
+    if getattr(thread, "_target", None) is not concurrent.futures.thread._worker:
+        return None
+    # Its arguments (the pool, its queue, ...) are in another order from one Python to another.
+    return next((each for each in getattr(thread, "_args", ()) if isinstance(each, queue.SimpleQueue)), None)
 
 
 def frame_of(thread: threading.Thread) -> Any:
@@ -99,7 +119,13 @@ def working(thread: threading.Thread) -> bool:
         frame = frame.f_back  # A lock or condition it waits on: what waits there tells.
     if frame is None:
         return thread.is_alive()
-    return (frame.f_globals.get("__name__"), frame.f_code.co_name) not in _IDLE_AT
+    where = (frame.f_globals.get("__name__"), frame.f_code.co_name)
+    if where == _POOLS_IDLE_AT:
+        # Between two items, unless one is queued for it and it has not woken to take it, or it
+        # has taken one and not yet begun it (_worker holds it in a local until it is done).
+        queued = _work_queue(thread)
+        return (queued is not None and not queued.empty()) or "work_item" in frame.f_locals
+    return where not in _IDLE_AT
 
 
 def join(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import inspect
 import sys
 import threading
 from typing import Any
@@ -14,7 +15,7 @@ import wrapt
 
 from a2a_cancelfix import checkpoints
 from a2a_cancelfix.testing._clock import frame_of, join, started_here, working
-from a2a_cancelfix.testing._probe import _is_framework, describe, raised_in, users_frame
+from a2a_cancelfix.testing._probe import Probe, _is_framework, describe, raised_in, users_frame
 from a2a_cancelfix.testing._report import Row
 
 _IN_CANCEL: contextvars.ContextVar[bool] = contextvars.ContextVar("a2a_cancelfix_in_cancel", default=False)
@@ -69,20 +70,27 @@ class NotedExecutor(wrapt.ObjectProxy):
 
 class Leftovers:
     """What the executor starts in one run's loop (tasks, threads, work for the loop's pool),
-    installed on that loop with `install`; `judge` says what still runs."""
+    installed on that loop with `install`; `judge` says what still runs. With a probe, the
+    tasks a run's own code starts are driven by it: their awaits are points of the run's."""
 
-    def __init__(self) -> None:
+    def __init__(self, probe: Probe | None = None) -> None:
         self.threads = set(threading.enumerate())  # Those that ran before: not the executor's.
         self.pool = _TrackedPool()
         self.owned: dict[asyncio.Task[Any], str] = {}  # Each with where the executor started it.
+        self.probe = probe
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.set_default_executor(self.pool)
         loop.set_task_factory(self._task_factory)
 
     def _task_factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        owned = _executors_own() and not _ours(coro)  # The executor's own code started it,
+        run = checkpoints.current_run()
+        users = inspect.iscoroutine(coro) and _started_by_users_code(sys._getframe(1))
+        if owned and self.probe is not None and run is not None and users:
+            coro = self.probe.child(coro, run)  # Not a framework's task, whose awaits are its own.
         task = asyncio.Task(coro, loop=loop, **kwargs)
-        if _executors_own() and not _ours(coro):  # The executor's own code started it,
+        if owned:
             self.owned[task] = describe(users_frame(sys._getframe(1)))  # in a run or its cancel().
         return task
 
@@ -141,6 +149,13 @@ def _innermost(thread: threading.Thread) -> str:
     if frame is None:
         return ""
     return f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name} (no code of the executor's)"
+
+
+def _started_by_users_code(frame: Any) -> bool:
+    """Whether the code that starts a task, past asyncio's own (a TaskGroup, gather), is the user's."""
+    while frame is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] == "asyncio":
+        frame = frame.f_back
+    return frame is not None and users_frame(frame) is frame
 
 
 def _ours(coro: Any) -> bool:

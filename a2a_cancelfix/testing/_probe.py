@@ -4,7 +4,9 @@ A run's cancel points are the moments a cancel can land on it: each await of its
 suspends it (the only moments another request can run, on one event loop), each checkpoint,
 each event it publishes, and the start of a run that follows up a parked task. The probe drives
 the run's coroutine itself, one suspension at a time, so it sees every await without a timer or
-a patched loop, and names each point by the code that awaits there.
+a patched loop, and names each point by the code that awaits there. It drives so the tasks that
+the run's own code starts (``asyncio.TaskGroup``, ``create_task``, ``gather``) too: their
+awaits are points, named by the child's own code.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import sys
 import sysconfig
 import types
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +114,8 @@ class Probe:
         self.last_event_from = ""  # The user's code that enqueued the run's last event.
         self.visit = visit  # Awaited at each point.
         self._in_enqueue = False
+        # The tasks of the run that saw the cancel: each child of the run sees it on its own.
+        self._noticed: set[asyncio.Task[Any] | None] = set()  # None: outside any task.
 
     # The points.
 
@@ -129,6 +133,10 @@ class Probe:
         stack = _users_stack(sys._getframe(1)) if stack is None else stack
         here = self.next_point(kind, path, place, stack)
         self.points.append(here)
+        await self.hold(here)
+
+    async def hold(self, here: Point) -> None:
+        """At a point noted: hold here if it is the target."""
         if self.visit is not None:
             await self.visit(here)
         if here.key == self.target:
@@ -164,6 +172,17 @@ class Probe:
         self.finished.clear()
         return _Driven(self, execute(context, _ReportingQueue(queue, self)), run)
 
+    def child(self, coro: types.CoroutineType[Any, Any, Any], run: Run) -> Coroutine[Any, Any, Any]:
+        """The coroutine of a task that ``run``'s own code starts, driven so that its awaits
+        are points too; it goes on under its own name."""
+
+        async def child() -> Any:
+            return await _Driven(self, coro, run, child=True)
+
+        driven: Any = child()  # A coroutine object: its names can be set.
+        driven.__name__, driven.__qualname__ = coro.__name__, coro.__qualname__
+        return driven
+
     async def at_checkpoint(self) -> None:
         """Every checkpoint is a point (the run looks at each: see `checkpoints.Probe`)."""
         if not self._in_enqueue:
@@ -174,8 +193,9 @@ class Probe:
         self._saw_cancel(_where_raised(), sys._getframe(2).f_code is _SHIELD_EXIT, handling)
 
     def _saw_cancel(self, where: str, shield_exit: bool, handling: BaseException | None) -> None:
-        if self.observed is None:
-            self.observed, self.seen_as = where, "RunCancelled"
+        if self._first_in_its_task():
+            if self.observed is None:
+                self.observed, self.seen_as = where, "RunCancelled"
         elif shield_exit:  # A shielded clean-up that ends raises again, as it should.
             pass
         elif isinstance(handling, asyncio.CancelledError):  # Cleaning up, the cancel in hand.
@@ -189,8 +209,19 @@ class Probe:
     def _interrupted(self, run: Run, where: str, thrown: BaseException) -> None:
         if run.shielded:
             self.cut_shields.append(where)
+        self._first_in_its_task()
         if self.observed is None:
             self.observed, self.seen_as = f"{where} (interrupted)", type(thrown).__name__
+
+    def _first_in_its_task(self) -> bool:
+        """Whether the task running (the run's, or a child's) sees the cancel for the first time."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # A thread of the run's (a checkpoint in it): it sees it as the run.
+            return self.observed is None
+        first = task not in self._noticed
+        self._noticed.add(task)
+        return first
 
     def _suspends(self, run: Run, where: str) -> None:
         """The run's own code awaits at ``where``, with the cancel made and not yet seen."""
@@ -231,14 +262,15 @@ class _Driven:
     the same await: no new point, nothing new the user's code started.
     """
 
-    def __init__(self, probe: Probe, coro: Any, run: Run) -> None:
+    def __init__(self, probe: Probe, coro: Any, run: Run, child: bool = False) -> None:
         self.probe, self.coro, self.run = probe, coro, run
+        self.child = child  # A task the run's code started: its siblings go on meanwhile.
 
     def __await__(self) -> Generator[Any, None, None]:
-        probe, coro, run = self.probe, self.coro, self.run
+        probe, coro, run, child = self.probe, self.coro, self.run, self.child
         value: Any = None
         error: BaseException | None = None
-        if probe.runs > 1:  # A follow-up: the cancel may come before execute() does anything.
+        if probe.runs > 1 and not child:  # A follow-up: the cancel may come before execute() does anything.
             start = f"before run {probe.runs}'s execute()"
             try:
                 yield from probe.point("start", start).__await__()
@@ -252,7 +284,8 @@ class _Driven:
                 except StopIteration as stop:
                     return stop.value
                 except Exception as raised:
-                    probe.execute_raised(raised)
+                    if not child:  # A child's goes to whoever awaits it.
+                        probe.execute_raised(raised)
                     raise
                 value, error = None, None
                 found = _users_await(coro) if awaited is not None else None
@@ -266,12 +299,14 @@ class _Driven:
                     continue
                 point, last = found[0], (found[1], found[2])
                 where = point.where
-                probe._suspends(run, where)
+                if not child:  # A child runs on beside the point held until the cancel reaches it.
+                    probe._suspends(run, where)
+                # Numbered as it suspends: the same in every run, though the run's children
+                # (awaiting at once, one path) return in another order than they suspended.
                 here = probe.next_point("await", point.path, point.place, point.stack)
-                holds = here.key == probe.target
-                if holds and probe.pending:
+                probe.points.append(here)
+                if here.key == probe.target and probe.pending:
                     # Held while the await is still pending: the cancel lands during it.
-                    probe.points.append(here)
                     probe.reached.set()
                     try:
                         yield from asyncio.shield(probe.gate).__await__()
@@ -291,14 +326,15 @@ class _Driven:
                     error = _thrown(probe, run, thrown, where)
                     continue
                 try:  # The cancel lands as the await returns.
-                    yield from probe.point("await", point.path, point.place, point.stack).__await__()
+                    yield from probe.hold(here).__await__()
                 except BaseException as thrown:
                     error = _thrown(probe, run, thrown, where)
         except GeneratorExit:
             coro.close()
             raise
         finally:
-            probe.finished.set()
+            if not child:
+                probe.finished.set()
 
 
 def _thrown(probe: Probe, run: Run, thrown: BaseException, where: str) -> BaseException:

@@ -91,7 +91,7 @@ class World:
         self.a = self._handler(self.executor, PARKED_LOOKS, self.probe, unwatched_after)
         self._b: DefaultRequestHandler | None = None
         self.client = Client(self.a, self.probe, plan.messages, self.watched)
-        self.leftovers = Leftovers()
+        self.leftovers = Leftovers(self.probe)
 
     def _handler(
         self,

@@ -1,4 +1,4 @@
-"""The example executor of the README's test, ready to sweep.
+"""The example executor of the README's test, ready to sweep, and an agent card to serve it.
 
 ``a2a-cancelfix sweep a2a_cancelfix.testing.examples:Pipeline`` shows what its sweep looks like.
 
@@ -17,11 +17,11 @@ from a2a.helpers import new_task
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.tasks import TaskUpdater
-from a2a.types import TaskState
+from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, TaskState
 
 from a2a_cancelfix import cancellable, checkpoint, shielded
 
-__all__ = ["Pipeline", "claim_released"]
+__all__ = ["Pipeline", "card", "claim_released"]
 
 LATENCY = 0.001
 """Seconds each call to the outside world takes here."""
@@ -89,3 +89,19 @@ class Pipeline(AgentExecutor):
 def claim_released(executor: Pipeline) -> bool:
     """The ``released`` predicate for `sweep`: the executor holds no claim."""
     return not executor.claims
+
+
+card = AgentCard(
+    name="pipeline",
+    description="Scrubs, calls its tools, stores the result; cancel it at any time.",
+    version="1.0.0",
+    capabilities=AgentCapabilities(streaming=True),
+    default_input_modes=["text/plain"],
+    default_output_modes=["text/plain"],
+    supported_interfaces=[
+        AgentInterface(url="http://127.0.0.1:8000/", protocol_binding="JSONRPC", protocol_version="1.0")
+    ],
+    skills=[AgentSkill(id="pipeline", name="Pipeline", description="Processes a text.", tags=["text"])],
+)
+"""A spec-complete card for `Pipeline` (the SDK warns of one lacking a required field), as the
+docs' snippets serve it; yours names your agent, as examples/server.py's does."""

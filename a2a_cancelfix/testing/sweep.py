@@ -14,11 +14,13 @@ import asyncio
 import dataclasses
 import inspect
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from a2a.server.agent_execution import AgentExecutor
 
+from a2a_cancelfix.testing._clock import VirtualTimeLoop
 from a2a_cancelfix.testing._origins import BY_NAME, ORIGINS, Origin
 from a2a_cancelfix.testing._probe import Point
 from a2a_cancelfix.testing._report import Report, Row, compare, spec, with_scenario
@@ -168,7 +170,7 @@ async def uncancelled(plan: Plan) -> tuple[Row, list[Point], float]:
 
 async def _uncancelled(row: Row, world: World) -> float:
     loop = asyncio.get_running_loop()
-    started = loop.time()  # The bounds of the rows are on the loop's clock too.
+    started, really = loop.time(), time.monotonic()  # The bounds of the rows are on the loop's clock too.
     async with world:
         await world.client.converse(RUN_BOUND)
         took = loop.time() - started
@@ -177,6 +179,13 @@ async def _uncancelled(row: Row, world: World) -> float:
         if world.client.parked_stream:
             row.expected["stream"] = (world.client.parked_stream,)
         compare(row)
+        if not row.ok and took >= RUN_BOUND and isinstance(loop, VirtualTimeLoop):
+            # Out of time on a clock that skipped its waits: a wall-clock pace never got there.
+            row.failures.append(
+                f"the run had not ended after {took:.0f} s of the sweep's clock ({time.monotonic() - really:.1f} s"
+                " of real time: waits on timers are skipped); if it paces itself by the wall clock"
+                " (time.monotonic(), time.time()), sweep it with --real-time (real_time=True)"
+            )
         await world.check_released(row, "the uncancelled run ended")
         await world.check_leftovers(row, "the uncancelled run ended")
     return took

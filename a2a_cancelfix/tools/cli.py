@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--json", action="store_true", help="print the rows as JSON")
     play = commands.add_parser("play", help="replay the cancel moment a scenario file describes; exit 0/1")
     play.add_argument("file", help="a cancel_*.toml scenario file")
-    arguments = parser.parse_args(argv)
+    arguments, unknown = parser.parse_known_args(argv)
+    if unknown:  # Said with the command's usage, not the top level's, which lists no option of it.
+        commands.choices[arguments.command].error(f"unrecognized arguments: {' '.join(unknown)}")
 
     if arguments.command == "demo":
         from a2a_cancelfix.tools import demo as server
