@@ -207,6 +207,14 @@ class Lifecycle:
         Called by the run's look, often from a checkpoint of the run itself: the callbacks
         fire and ``cancel()`` returns before the look does, so the checkpoint raises after
         them, as on every other path; the rest goes on behind it.
+
+        The rest starts with the signal, in a task of its own that waits for ``cancel()`` as
+        a local cancel does, so that plain code (which only an interrupt stops) is interrupted
+        as soon after the signal as a local cancel interrupts it. Started once the look had
+        returned, it came a loop turn later than that, and work whose await had just returned
+        ran on to its next await first (the sweep's "as it returns (remote)" rows). A look
+        from a checkpoint of the run is not interrupted (`Work.stop` leaves a looking run
+        alone): that checkpoint raises as the look returns.
         """
         if stored.id in self.cancellations:
             return
@@ -223,10 +231,8 @@ class Lifecycle:
             finally:
                 _telemetry.end(cancellation.span)
 
-        try:
-            await cancellation.cancel_returned()
-        finally:  # Started only now: the checkpoint that looked raises before it stops the work.
-            in_background(carry_out())
+        in_background(carry_out())
+        await cancellation.cancel_returned()
 
     async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
         """Cancel ``task``, whose run here is ``live``, as a client's cancel would: nobody
