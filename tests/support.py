@@ -7,15 +7,10 @@ import ast
 import asyncio
 import contextlib
 import logging
-import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 import wrapt
 from a2a.types import TaskState
