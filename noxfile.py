@@ -207,14 +207,25 @@ def python313(session: nox.Session) -> None:
 def tests(session: nox.Session, sdk: str) -> None:
     """Run the suite against one a2a-sdk release, on one Python."""
     session.install("-e", ".[test]", FAKELIB, _sdk_requirement(sdk))
-    selection = ["-m", "not soak"] if sdk in EDGES else ["-m", "not edges_only"]
+    on_313 = session.python != PYTHON
+    # On 3.13 the edges skip the tests marked `edges_only`, as the middle releases do, and the
+    # soak: CI's 25 minutes would not hold them (the newest release's session took 216 s with
+    # them, against about 80 s without). What such a test adds to its in-process twin, which runs
+    # on 3.13 (see EDGES), is processes, sockets, databases, signals, and leases and timers
+    # waited out in wall-clock seconds: uvicorn's, the operating system's and our own SQL, none
+    # of which Python 3.13 changed for us. What 3.12 and 3.13 did change (asyncio.wait_for runs
+    # what it awaits in the caller's task; a2a-sdk's queues are asyncio.Queue, whose shutdown
+    # wakes join() differently; enqueueing no longer yields) shows in process, in loop turns,
+    # where every 3.13 session runs it; and interpreters started anew run on 3.13 too
+    # (test_repro.py's scripts, test_telemetry.py's switch).
+    selection = ["-m", "not soak"] if sdk in EDGES and not on_313 else ["-m", "not edges_only and not soak"]
     # Four workers on two cores: most of the suite waits (server processes starting, databases,
     # timers, grace periods), so two kept the cores half idle. On an idle machine a middle
     # release took 102 s with two, 59 s with four, 56 s with six (at a fifth more CPU). The
     # edges' own tests wait far more (leases run out, processes are killed and restarted): six
     # there, 1.0.0 took 143 s against 257 s with four. On a machine busy with other work (load
     # 8-11), three or four starved the scenarios' 2.5 s bounds: `-- -n 2` there.
-    workers = "--numprocesses=6" if sdk in EDGES else "--numprocesses=4"
+    workers = "--numprocesses=6" if sdk in EDGES and not on_313 else "--numprocesses=4"
     # With bytecode written (PYTHONDONTWRITEBYTECODE is set on some CI images), every worker and
     # every interpreter a test starts would compile the package, the tests and the SDK anew.
     run = ("pytest", *selection)
@@ -224,7 +235,7 @@ def tests(session: nox.Session, sdk: str) -> None:
         return
     session.run(*run, workers, f"--ignore={OWN_PROCESS}", env=environment)
     session.run(*run, "-p", "no:xdist", OWN_PROCESS, env=environment)
-    if sdk == SOAK_RELEASE and session.python == PYTHON:
+    if sdk == SOAK_RELEASE and not on_313:
         session.run("pytest", "-p", "no:xdist", "-m", "soak", SOAKED, env=environment)
 
 
