@@ -1,4 +1,5 @@
-"""The test matrix: the whole suite against each supported a2a-sdk release, one environment each."""
+"""The test matrix: the whole suite against each supported a2a-sdk release, one environment each,
+on Python 3.11, and against the oldest and the newest on Python 3.13."""
 
 import email
 import os
@@ -24,8 +25,9 @@ nox.options.download_python = "never"
 # themselves, with upstream's cluster layer), and whatever 1.x is newest today.
 SDK_RELEASES = ["1.0.0", "1.0.3", "1.1.2", "1.1.3", "1.1.5", "1.2.2", "1.2.3", "newest"]
 
-# The oldest and the newest release run every test. Those between skip the tests marked
-# `edges_only`, which are slow and whose code path does not differ between releases:
+# The oldest and the newest release run every test (on 3.11; on 3.13, see `tests`). Those
+# between skip the tests marked `edges_only`, which are slow and whose code path does not differ
+# between releases:
 # - tests/test_replica_servers.py, real server processes on SQLite and PostgreSQL: they add
 #   processes, sockets and databases to what tests/test_replicas.py, test_notices.py and
 #   test_cluster.py check in process on every release. Where the path does depend on the
