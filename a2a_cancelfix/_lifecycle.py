@@ -214,7 +214,9 @@ class Lifecycle:
         returned, it came a loop turn later than that, and work whose await had just returned
         ran on to its next await first (the sweep's "as it returns (remote)" rows). A look
         from a checkpoint of the run is not interrupted (`Work.stop` leaves a looking run
-        alone): that checkpoint raises as the look returns.
+        alone): that checkpoint raises as the look returns. With no run here (it returned
+        meanwhile), nothing is to be interrupted: the rest starts once ``cancel()`` returned, as
+        it publishes CANCELED first.
         """
         if stored.id in self.cancellations:
             return
@@ -231,8 +233,13 @@ class Lifecycle:
             finally:
                 _telemetry.end(cancellation.span)
 
-        in_background(carry_out())
-        await cancellation.cancel_returned()
+        if cancellation.work is not None:
+            in_background(carry_out())
+        try:
+            await cancellation.cancel_returned()
+        finally:
+            if cancellation.work is None:
+                in_background(carry_out())
 
     async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
         """Cancel ``task``, whose run here is ``live``, as a client's cancel would: nobody
