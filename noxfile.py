@@ -211,8 +211,10 @@ def tests(session: nox.Session, sdk: str) -> None:
     session.install("-e", ".[test]", FAKELIB, _sdk_requirement(sdk))
     on_313 = session.python != PYTHON
     # On 3.13 the edges skip the tests marked `edges_only`, as the middle releases do, and the
-    # soak: CI's 25 minutes would not hold them (the newest release's session took 216 s with
-    # them, against about 80 s without). What such a test adds to its in-process twin, which runs
+    # soak: CI's 25 minutes would not hold them. The newest release's 3.13 session took 216 s
+    # with them (six workers, the machine busy: load 4 to 7) and 105 s without (four workers,
+    # load 3), 1.0.0's 111 s: CI's whole run goes from about 17.5 to about 21 minutes, plus
+    # six the first time on a machine, for the build. What such a test adds to its in-process twin, which runs
     # on 3.13 (see EDGES), is processes, sockets, databases, signals, and leases and timers
     # waited out in wall-clock seconds: uvicorn's, the operating system's and our own SQL, none
     # of which Python 3.13 changed for us. What 3.12 and 3.13 did change (asyncio.wait_for runs
