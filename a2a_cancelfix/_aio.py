@@ -4,23 +4,15 @@ the check of the seconds a wait is given."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import heapq
 import itertools
 import logging
 import math
-import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-
-if sys.version_info >= (3, 11):
-    from asyncio import timeout as _timeout
-    from asyncio import timeout_at as _timeout_at
-else:  # pragma: no cover - Python 3.10: a task per wait, as wait_for does.
-    _timeout = _timeout_at = None
 
 logger = logging.getLogger("a2a_cancelfix")
 
@@ -51,26 +43,15 @@ async def bounded(awaitable: Awaitable[T], seconds: float) -> T:
     loop turn the awaitable finishes in is never swallowed: it is raised, and what the
     awaitable gave is dropped (a loop that swallowed it would go on, cancelled, forever).
     """
-    if _timeout is not None:
-        async with _timeout(seconds):
-            return await awaitable
-    work = asyncio.ensure_future(awaitable)  # pragma: no cover - Python 3.10
-    try:  # pragma: no cover
-        done, _ = await asyncio.wait((work,), timeout=seconds)
-    finally:  # pragma: no cover
-        if not work.done():
-            work.cancel()
-    if not done:  # pragma: no cover
-        raise asyncio.TimeoutError
-    return work.result()  # pragma: no cover
+    async with asyncio.timeout(seconds):
+        return await awaitable
 
 
 def being_cancelled() -> bool:
     """Whether the running task was cancelled, though something it awaited swallowed the
-    cancel (Python 3.11+: it keeps the count; always False on 3.10)."""
+    cancel (the task keeps the count)."""
     task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is not None and cancelling() > 0
+    return task is not None and task.cancelling() > 0
 
 
 def _forget(task: asyncio.Future[Any]) -> None:
@@ -237,10 +218,6 @@ async def wait_set(event: asyncio.Event, deadline: float) -> bool:
     """
     if event.is_set():
         return True
-    if _timeout_at is None:  # pragma: no cover - Python 3.10: a task per wait, as wait_for does.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await bounded(event.wait(), max(deadline - asyncio.get_running_loop().time(), 0))
-        return event.is_set()
     # asyncio.timeout_at's way (cancel this task at the deadline, then take that cancel back),
     # on the loop's `Deadlines` rather than a loop timer and a Timeout of its own per wait.
     task = asyncio.current_task()

@@ -210,6 +210,16 @@ class Lifecycle:
         Called by the run's look, often from a checkpoint of the run itself: the callbacks
         fire and ``cancel()`` returns before the look does, so the checkpoint raises after
         them, as on every other path; the rest goes on behind it.
+
+        The rest starts with the signal, in a task of its own that waits for ``cancel()`` as
+        a local cancel does, so that plain code (which only an interrupt stops) is interrupted
+        as soon after the signal as a local cancel interrupts it. Started once the look had
+        returned, it came a loop turn later than that, and work whose await had just returned
+        ran on to its next await first (the sweep's "as it returns (remote)" rows). A look
+        from a checkpoint of the run is not interrupted (`Work.stop` leaves a looking run
+        alone): that checkpoint raises as the look returns. With no run here (it returned
+        meanwhile), nothing is to be interrupted: the rest starts once ``cancel()`` returned, as
+        it publishes CANCELED first.
         """
         if stored.id in self.cancellations:
             return
@@ -226,10 +236,13 @@ class Lifecycle:
             finally:
                 _telemetry.end(cancellation.span)
 
+        if cancellation.work is not None:
+            in_background(carry_out())
         try:
             await cancellation.cancel_returned()
-        finally:  # Started only now: the checkpoint that looked raises before it stops the work.
-            in_background(carry_out())
+        finally:
+            if cancellation.work is None:
+                in_background(carry_out())
 
     async def unwatched(self, task: Task, live: Any, caller: ServerCallContext, after: float) -> None:
         """Cancel ``task``, whose run here is ``live``, as a client's cancel would: nobody

@@ -425,15 +425,15 @@ def unless_closed_by(live: LiveRun, deadline: float, stuck: Callable[[], Any]) -
         task.add_done_callback(closed)
 
 
-async def force_close(live: LiveRun, timeout: float) -> None:
+async def force_close(live: LiveRun, seconds: float) -> None:
     """Tear a run down without its cooperation: queues closed, tasks cancelled, registry freed.
 
-    Within ``timeout``, even when the work swallows its cancellation and so never ends.
+    Within ``seconds``, even when the work swallows its cancellation and so never ends.
     """
     aclose: Callable[[], Awaitable[None]] | None = getattr(live, "aclose", None)  # ActiveTask.aclose: 1.1.2+
     if aclose is not None:
         # It ends by awaiting the run's tasks: left to finish when they do, if not in time.
-        await wait_done(in_background(aclose()), deadline_in(timeout))
+        await wait_done(in_background(aclose()), deadline_in(seconds))
     else:  # 1.0.0-1.1.1: the same steps by hand.
         live._request_queue.shutdown(immediate=True)
         await live._event_queue_agent.close(immediate=True)
@@ -447,7 +447,7 @@ async def force_close(live: LiveRun, timeout: float) -> None:
         await live._maybe_cleanup()
 
 
-async def close_runs(handler: DefaultRequestHandlerV2, timeout: float) -> None:
+async def close_runs(handler: DefaultRequestHandlerV2, seconds: float) -> None:
     """Close every run the handler holds, as the SDK's ``aclose`` does, on a release without it.
 
     Left to the loop's shutdown, a run whose consumer was saving when it was cancelled never ends:
@@ -456,7 +456,7 @@ async def close_runs(handler: DefaultRequestHandlerV2, timeout: float) -> None:
     if not SUPPORTED:
         return
     runs = list(handler._active_task_registry._active_tasks.values())  # 1.0.0-1.3.0: runs by id
-    await asyncio.gather(*(force_close(run, timeout) for run in runs))
+    await asyncio.gather(*(force_close(run, seconds) for run in runs))
 
 
 async def write_canceled(

@@ -252,7 +252,7 @@ class PostgresNotices(CancelNotices):
         while True:
             try:
                 item = await bounded(ids.get(), self.heartbeat)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await bounded(connection.execute("SELECT 1"), self.heartbeat)
                 continue
             if isinstance(item, BaseException):

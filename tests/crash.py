@@ -289,7 +289,7 @@ class Replica:
         self.process.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.process.wait(), EXIT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.process.send_signal(signal.SIGUSR1)  # Its tasks' stacks, to its log.
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.process.wait(), 2)
@@ -306,7 +306,7 @@ class Replica:
         self.process.stdin.close()
         try:
             await asyncio.wait_for(self.process.wait(), EXIT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.process.kill()
             await asyncio.wait_for(self.process.wait(), EXIT)
 

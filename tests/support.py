@@ -7,16 +7,11 @@ import ast
 import asyncio
 import contextlib
 import logging
-import sys
+import tomllib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
 
 import wrapt
 from a2a.types import TaskState

@@ -156,7 +156,7 @@ def fresh_database(code: str) -> Iterator[str]:
     async def admin(statement: str) -> None:
         try:
             connection = await asyncpg.connect("postgresql://postgres@127.0.0.1:5432/test", timeout=5)
-        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as error:
+        except (TimeoutError, OSError, asyncpg.PostgresError) as error:
             pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is unreachable: {error!r}")
         try:
             await connection.execute(statement)

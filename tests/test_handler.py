@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 
 import httpx
 import pytest
@@ -426,11 +427,20 @@ async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind:
     answer) with events queued behind it: its ``aclose()``, where it has one, then the loop
     cancels every task left, as ``asyncio.run`` does at its end.
 
-    Ours closes the run in ``aclose()`` on every release, as the SDK's own does from 1.1.2, so
-    every task then ends. Stock has no ``aclose()`` on 1.0.x: on 1.0.3 the cancelled producer
-    waits for good for queues its cancelled consumer no longer drains; the process never exits.
-    (1.0.0's ends. From 1.0.3 on, stock's run and ours meet that end too if nothing calls
-    ``aclose()``.)
+    Ours closes the run in ``aclose()`` on every release, as the SDK's own does from 1.1.2 on
+    Python 3.11, so every task then ends. Stock has no ``aclose()`` on 1.0.x: on 1.0.3 the
+    cancelled producer waits for good for queues its cancelled consumer no longer drains; the
+    process never exits. (1.0.0's ends. From 1.0.3 on, stock's run and ours meet that end too
+    if nothing calls ``aclose()``.)
+
+    On Python 3.13, stock's own ``aclose()`` (1.1.2 on), begun at once, does not return
+    either: its first step wakes the producer, whose ``finally`` closes the run's queue
+    gracefully and takes its sink before ``aclose()`` removes it, then waits in the sink's
+    ``join()`` for the event the cut consumer took and never marked done. The SDK's queue is
+    ``asyncio.Queue`` there (culsans' below 3.13), whose ``shutdown(immediate=True)`` wakes
+    ``join()`` only once every item taken was marked done; culsans' wakes it whatever is left
+    unfinished. (Begun a loop turn later, as ``asyncio.wait_for`` up to 3.11 began what it
+    awaited, ``aclose()`` removes the sink first and returns.)
     """
     store = CompletionHeld(InMemoryTaskStore())
     # Ours' aclose() lets the stream wait for COMPLETED as long as it lets the runs finish.
@@ -439,7 +449,13 @@ async def test_a_shutdown_while_a_run_saves_its_end_leaves_nothing_running(kind:
     server.executor.step.open()
     await within(store.gate.reached.wait())
     aclose = getattr(server.handler, "aclose", None)
-    if aclose is not None:
+    if aclose is not None and kind == "stock" and sys.version_info >= (3, 13):
+        # Begun at once, in this loop turn, as an inline call or a lifespan's would be.
+        closing = asyncio.eager_task_factory(asyncio.get_running_loop(), aclose())
+        await wait_all_tasks_blocked()  # All it can do on its own is done: no timer ends it.
+        assert not closing.done()
+        assert any(task.get_name().startswith("producer") for task in asyncio.all_tasks())
+    elif aclose is not None:
         await within(aclose())  # The save still waits.
         await within(aclose())  # Again, with nothing left to close: as the SDK's, harmless.
     left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]

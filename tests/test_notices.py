@@ -703,7 +703,6 @@ class Swallowing(CancelNotices):
             yield await asyncio.wait_for(self.ids.get(), 60)
 
 
-@pytest.mark.skipif(not hasattr(asyncio.Task, "cancelling"), reason="Python 3.11+ counts cancels")
 @pytest.mark.asyncio
 async def test_listening_stops_at_a_cancel_a_library_swallowed() -> None:
     """Cancelled in the turn a notice comes, the library's wait swallows the cancel and hands

@@ -52,7 +52,7 @@ class Replica:
         self.process.stdin.close()
         try:
             await asyncio.wait_for(self.process.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.process.kill()
             await asyncio.wait_for(self.process.wait(), 10)
 

@@ -264,7 +264,7 @@ async def test_a_task_parked_here_and_canceled_elsewhere_ends_canceled_here(kind
 async def outcome_within(call: Awaitable[str], seconds: float = 1.0) -> str:
     try:
         return await asyncio.wait_for(call, seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "HANG"
 
 

@@ -205,7 +205,7 @@ class SigtermServer:
         """Wait up to ``seconds`` for the process to exit; whether it has."""
         try:
             await asyncio.wait_for(self.process.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

@@ -92,7 +92,7 @@ async def _pg_connect() -> Any:
 
     try:
         return await asyncpg.connect(PG_DSN, timeout=5)
-    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as error:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as error:
         pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is unreachable: {error!r}")
 
 

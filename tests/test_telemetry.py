@@ -23,8 +23,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -61,12 +60,33 @@ class _Armed(Sampler):
         return "armed"
 
 
+class _Spans(SpanExporter):
+    """The finished spans, in memory, with no lock: OpenTelemetry's InMemorySpanExporter holds a
+    plain Lock while it stores them. On Python 3.12+, where the suite leaves the collector on (see
+    conftest.py), a collection inside that store may close a traced coroutine of the SDK, whose
+    span ends there and is exported again, in the same thread: it waited for its own lock, and
+    the test hung (seen once on 3.13.5). A list's extend is one step under the GIL: no lock."""
+
+    def __init__(self) -> None:
+        self._spans: list[ReadableSpan] = []
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self._spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
+        return tuple(self._spans)
+
+    def clear(self) -> None:
+        self._spans.clear()
+
+
 class Recorder:
     """The process's tracer and meter providers (set once), read per test."""
 
     def __init__(self) -> None:
         self.sampler = _Armed()
-        self.exporter = InMemorySpanExporter()
+        self.exporter = _Spans()
         tracing = TracerProvider(sampler=self.sampler)
         tracing.add_span_processor(SimpleSpanProcessor(self.exporter))
         trace.set_tracer_provider(tracing)

@@ -77,7 +77,7 @@ class Work(Run):
         found = self.found_at
         if found is None or not self.had_callbacks:
             return False
-        cancelling = getattr(found, "cancelling", None)  # A task's, from Python 3.11.
+        cancelling = getattr(found, "cancelling", None)  # A task's: a plain future has none.
         if cancelling is not None and cancelling():  # A task still unwinding.
             return True
         return found.done() and (found.cancelled() or found.exception() is not None)
@@ -210,6 +210,5 @@ _FRAMEWORK = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(asynci
 
 
 def _uncancel(task: asyncio.Task[Any]) -> None:
-    uncancel = getattr(task, "uncancel", None)  # Python 3.11+; 3.10 keeps no count.
-    if uncancel is not None and task.cancelling():
-        uncancel()
+    if task.cancelling():
+        task.uncancel()

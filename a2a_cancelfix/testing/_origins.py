@@ -167,7 +167,11 @@ class Remote(Origin):
     async def make(self, aim: Aim) -> str:
         heard = asyncio.Event()
         if aim.run is not None:
-            aim.run.add_callback(heard.set)  # A heard B's cancel: the run goes on as it does.
+            aim.run.add_callback(heard.set)
+            # A heard B's cancel: the run goes on as it does, in that very loop turn, as after
+            # a local cancel (`_let_go`), not once B's answer has come back too: how many turns
+            # that takes is asyncio's (up to Python 3.11, wait_for ran it in a task of its own).
+            aim.run.add_callback(aim.world.probe.open)
         answer = await answer_or_hang(aim.world.client.cancel(aim.world.b), aim.bound)
         if aim.run is not None:
             await _set_within(heard, aim.bound)

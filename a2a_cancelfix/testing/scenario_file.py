@@ -31,6 +31,7 @@ import concurrent.futures
 import difflib
 import importlib
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,11 +43,6 @@ from a2a_cancelfix.testing._report import Report
 from a2a_cancelfix.testing._world import Plan
 from a2a_cancelfix.testing.sweep import cancelled, check_setup
 from a2a_cancelfix.testing.waits import in_own_loop
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
 
 
 class ScenarioError(ValueError):

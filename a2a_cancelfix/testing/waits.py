@@ -175,7 +175,7 @@ async def answer_or_hang(call: Awaitable[str], seconds: float) -> str:
     """What ``call`` answers, or ``HANG`` when it has not answered within ``seconds``."""
     try:
         return await asyncio.wait_for(call, seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "HANG"
 
 

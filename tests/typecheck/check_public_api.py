@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, assert_type
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandlerV2
 from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import AgentCard, Task
-from typing_extensions import assert_type
 
 from a2a_cancelfix import (
     CancellableExecutor,

@@ -300,7 +300,7 @@ async def outcome(call) -> str:
     or NO_ANSWER."""
     try:
         answer = await asyncio.wait_for(call, BOUND)
-    except asyncio.TimeoutError:
+    except asyncio.TimeoutError:  # noqa: UP041 - a script runs wherever a2a-sdk does: 3.10 too.
         return NO_ANSWER
     except A2AError as error:
         return type(error).__name__.removesuffix("Error")
@@ -332,7 +332,7 @@ async def within(awaitable, what: str):
     """Await ``awaitable`` for up to BOUND; past that, fail saying ``what`` did not happen."""
     try:
         return await asyncio.wait_for(awaitable, BOUND)
-    except asyncio.TimeoutError:
+    except asyncio.TimeoutError:  # noqa: UP041 - as above: not the builtin on 3.10.
         raise AssertionError(f"{what}: {NO_ANSWER}") from None
 
 
