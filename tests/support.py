@@ -117,7 +117,7 @@ async def mysql_admin() -> Any:
         return await asyncio.wait_for(
             aiomysql.connect(host=MYSQL_HOST, port=MYSQL_PORT, user="root", autocommit=True), 5
         )
-    except (OSError, asyncio.TimeoutError, aiomysql.Error) as error:
+    except (TimeoutError, OSError, aiomysql.Error) as error:
         pytest.skip(f"MariaDB at {MYSQL_HOST}:{MYSQL_PORT} is unreachable: {error!r}")
 
 

@@ -86,7 +86,7 @@ async def outcome_within(call: Any, seconds: float = 1.0) -> str:
     """The call's outcome, or HANG if it has none within ``seconds`` (stock's, before 1.2)."""
     try:
         return str(await asyncio.wait_for(call, seconds))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "HANG"
 
 
