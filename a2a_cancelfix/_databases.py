@@ -16,6 +16,7 @@ SQLAlchemy is there with a2a-sdk's database extras only: it is imported inside t
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,12 +91,18 @@ def _key(table: Any, values: Mapping[Any, Any]) -> Any:
     return sa.and_(*(column == values[column] for column in table.primary_key))
 
 
+@functools.cache
+def _insert_of(module: str) -> Any:
+    """The ``insert`` of SQLAlchemy's dialect ``module``, with its ``ON CONFLICT``."""
+    return importlib.import_module(f"sqlalchemy.dialects.{module}").insert
+
+
 def _upsert_returning(module: str) -> _SaveUnless:
     """SQLite's and PostgreSQL's one statement: SQLite serialises writers; PostgreSQL locks the
     conflicting row and evaluates the WHERE on its newest committed version."""
 
     async def save_unless(session: Any, table: Any, values: Mapping[Any, Any], live: Any) -> bool:
-        insert = importlib.import_module(f"sqlalchemy.dialects.{module}").insert(table).values(dict(values))
+        insert = _insert_of(module)(table).values(dict(values))
         statement = insert.on_conflict_do_update(
             index_elements=list(table.primary_key),
             set_={column: insert.excluded[column.key] for column in values if not column.primary_key},
@@ -136,7 +143,7 @@ async def _update_else_insert(session: Any, table: Any, values: Mapping[Any, Any
 
 def _on_conflict(module: str) -> _Upsert:
     def upsert(table: Any, values: Mapping[str, Any], updated: Sequence[str]) -> Any:
-        insert = importlib.import_module(f"sqlalchemy.dialects.{module}").insert(table).values(dict(values))
+        insert = _insert_of(module)(table).values(dict(values))
         return insert.on_conflict_do_update(
             index_elements=[column.name for column in table.primary_key],
             set_={name: insert.excluded[name] for name in updated},
