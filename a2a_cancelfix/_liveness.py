@@ -5,7 +5,8 @@ the store's database: ``a2a_cancelfix_replicas`` (a row per replica, its ``beat`
 ``lease_time / 6``) and ``a2a_cancelfix_runs`` (a row per run of ``execute()``, inserted before
 it starts, deleted once it has returned and the store shows its task no longer running). A
 replica that has seen another's beat unchanged for that one's ``lease_time``, on its own clock,
-takes it for dead: it removes its row, and then ends, once, each task of a run whose replica
+counted from the read that first showed it (a timer set at that read: the registration's read, or
+a renewal's), takes it for dead: it removes its row, and then ends, once, each task of a run whose replica
 row is gone, FAILED if the store shows it SUBMITTED or WORKING. A replica that has not renewed for half its lease stops its own runs (the
 ``lease_lost`` cancel), so that none is still running when another can take it for dead.
 """
@@ -105,8 +106,10 @@ class Leases:
         self._attempt: asyncio.Future[None] | None = None
         self._ending: asyncio.Future[None] | None = None
         self._fence: asyncio.TimerHandle | None = None
-        # Each other replica's beat, with when it was first seen at that value (this clock).
+        # Each other replica's beat, with when it was first seen at that value (this clock),
+        # and the timer that judges it once that beat's lease has run out.
         self._seen: dict[str, tuple[int, float]] = {}
+        self._lapses: dict[str, asyncio.TimerHandle] = {}
         self._dead: dict[str, int] = {}  # Replicas taken for dead, their last beat: to remove.
         self._orphans_due = -math.inf  # When the runs of removed replicas are looked for next.
         self._closed = False
@@ -163,6 +166,8 @@ class Leases:
             self._renewing.cancel()  # Between two attempts: those under way are left to end.
         if self._fence is not None:
             self._fence.cancel()
+        for timer in self._lapses.values():
+            timer.cancel()
         if self._registered is None:
             return
         for pending in [self._registered, self._attempt, self._ending, *self._writes]:
@@ -187,8 +192,10 @@ class Leases:
                 await self._end_every_running()
             async with self.store.engine.begin() as connection:
                 await self._insert_self(connection)
+                rows = await self._beats(connection)  # The others' beats: watched from now.
             self._listed = True
             self._renewed(sent)
+            self._judge(rows, sent, asyncio.get_running_loop().time())
         except Exception:
             logger.warning("could not register this replica's lease; renewing retries it", exc_info=True)
         finally:
@@ -275,14 +282,19 @@ class Leases:
             await self._insert_runs(connection, self._runs if updated.rowcount == 0 else attempted)
             if self._returned:
                 await self._forget_returned(connection, asyncio.get_running_loop().time() - self.period)
-            rows = list(
-                await connection.execute(
-                    sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms)
-                )
-            )
+            rows = await self._beats(connection)
         self._listed = True
         self._unleased -= attempted  # Committed: each is leased, or its run has returned.
         return rows
+
+    async def _beats(self, connection: Any) -> list[Any]:
+        """Every replica's id, beat and lease (ms)."""
+        import sqlalchemy as sa
+
+        replicas = self.tables.replicas
+        return list(
+            await connection.execute(sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms))
+        )
 
     def _renewed(self, sent: float) -> None:
         """A renewal sent at ``sent`` succeeded: the runs here are safe until half a lease from then."""
@@ -311,11 +323,13 @@ class Leases:
     # The others' leases.
 
     def _judge(self, rows: list[Any], sent: float, read: float) -> None:
-        """Take for dead each replica whose beat this one has seen unchanged for its lease.
-
-        Seen from ``read``, the end of the read that first showed the value; judged at ``sent``,
-        the start of this one: whatever renewal it made was sent before the first read.
+        """Note each other replica's beat, and set a timer at the end of its lease for each new
+        one: a replica whose beat this one has seen unchanged for its lease is taken for dead
+        then (`_lapse`), not at a renewal after. Seen from ``read``, the end of the read that
+        first showed the value: whatever renewal made it was sent before. A pass also comes
+        for the replicas gone meanwhile (their runs may be left), and every ``lease_time``.
         """
+        loop = asyncio.get_running_loop()
         present = set()
         for replica_id, beat, lease_ms in rows:
             present.add(replica_id)
@@ -324,13 +338,33 @@ class Leases:
             seen = self._seen.get(replica_id)
             if seen is None or seen[0] != beat:
                 self._seen[replica_id] = beat, read
-            elif sent - seen[1] >= lease_ms / 1000:
-                self._dead[replica_id] = beat
+                self._unwatch(replica_id)
+                self._lapses[replica_id] = loop.call_at(read + lease_ms / 1000, self._lapse, replica_id)
         gone = self._seen.keys() - present
         for replica_id in gone:
             del self._seen[replica_id]
-        due = self._dead or gone or sent >= self._orphans_due
-        if due and (self._ending is None or self._ending.done()):
+            self._unwatch(replica_id)
+        if gone or sent >= self._orphans_due:
+            self._pass()
+
+    def _lapse(self, replica_id: str) -> None:
+        """The lease of the beat last seen of ``replica_id`` ran out unrenewed: it is dead
+        (its row goes only if that beat is still the stored one)."""
+        self._lapses.pop(replica_id, None)
+        seen = self._seen.get(replica_id)
+        if seen is None or self._closed:
+            return
+        self._dead[replica_id] = seen[0]
+        self._pass()
+
+    def _unwatch(self, replica_id: str) -> None:
+        timer = self._lapses.pop(replica_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _pass(self) -> None:
+        """A pass over the lapsed leases, unless one is under way (it looks again at its end)."""
+        if self._ending is None or self._ending.done():
             self._ending = in_background(self._end_lapsed())
 
     async def _end_lapsed(self) -> None:
@@ -340,24 +374,29 @@ class Leases:
 
         replicas = self.tables.replicas
         try:
-            for replica_id, beat in list(self._dead.items()):
-                async with self.store.engine.begin() as connection:
-                    removed = await connection.execute(
-                        sa.delete(replicas).where(
-                            replicas.c.replica_id == replica_id, replicas.c.beat == beat
+            while True:
+                for replica_id, beat in list(self._dead.items()):
+                    async with self.store.engine.begin() as connection:
+                        removed = await connection.execute(
+                            sa.delete(replicas).where(
+                                replicas.c.replica_id == replica_id, replicas.c.beat == beat
+                            )
                         )
-                    )
-                del self._dead[replica_id]
-                self._seen.pop(replica_id, None)
-                if removed.rowcount:
-                    logger.warning(
-                        "replica %s has not renewed its lease for its lease_time: its tasks are ended",
-                        replica_id,
-                    )
-            self._orphans_due = asyncio.get_running_loop().time() + self.lease_time
-            for task_id, replica_id, owner in await self._orphans():
-                await self._end(task_id, replica_id, owner)
+                    del self._dead[replica_id]
+                    self._seen.pop(replica_id, None)
+                    self._unwatch(replica_id)
+                    if removed.rowcount:
+                        logger.warning(
+                            "replica %s has not renewed its lease for its lease_time: its tasks are ended",
+                            replica_id,
+                        )
+                self._orphans_due = asyncio.get_running_loop().time() + self.lease_time
+                for task_id, replica_id, owner in await self._orphans():
+                    await self._end(task_id, replica_id, owner)
+                if not self._dead:  # Else another lapsed meanwhile: at once, not a renewal on.
+                    break
         except Exception:
+            self._orphans_due = -math.inf
             logger.warning(
                 "could not end the tasks of lapsed leases; the next renewal retries", exc_info=True
             )

@@ -1124,3 +1124,66 @@ async def test_a_run_that_starts_while_its_replica_cannot_renew_is_cancelled_at_
     assert await second.ended() and second.last == "CANCELED", second.events
     cut.on = False
     await runner.handler.aclose()
+
+
+# --- Lapses judged in time, and ended each on its own ---------------------------------------------
+
+# Long enough that a renewal (a sixth) late stands out of what a loaded machine adds to a write.
+TIMED_LEASE = 6.0
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_restarted_replica_ends_its_predecessors_tasks_one_lease_after_its_start(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """Without ``sole_replica``: the restarted process reads the others' beats as it registers,
+    and ends its predecessor's leased task one ``lease_time`` after its start (plus the write),
+    not a renewal or two later. Stock: the task stays WORKING."""
+    async with elsewhere(database) as place:
+        previous = await build_elsewhere(place, "ours", ScriptedExecutor(), lease_time=TIMED_LEASE)
+        task_id = await run_elsewhere(place, previous)
+        assert await reader.reaches(task_id, WORKING)
+        await place.die()
+        restarted = await _outside_a_loop(kind, database.engine(), lease_time=TIMED_LEASE)
+        started = time.monotonic()
+        async with _entered(restarted):
+            if kind == "stock":
+                assert not await reader.reaches(task_id, FAILED, TIMED_LEASE + TIMED_LEASE / 6)
+                assert await reader.state(task_id) == WORKING
+                return
+            assert await reader.reaches(task_id, FAILED, TIMED_LEASE + BOUND)
+            took = time.monotonic() - started
+            assert TIMED_LEASE * 0.95 <= took <= TIMED_LEASE + 0.9 * TIMED_LEASE / 6, took
+            assert status_text(await reader.task(task_id)) == LAPSED
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_survivor_judges_a_lapse_on_the_beat_it_noted(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """A survivor ends a dead replica's task one ``lease_time`` after it first read that
+    replica's last beat (plus the write), not at a renewal after that. Stock: WORKING stays."""
+    survivor = replica(kind, database.engine(), lease_time=TIMED_LEASE)
+    async with elsewhere(database) as place:
+        runner = await build_elsewhere(place, kind, ScriptedExecutor(), lease_time=TIMED_LEASE)
+        task_id = await run_elsewhere(place, runner)
+        assert await reader.reaches(task_id, WORKING)
+        await survivor.calls.get(task_id, "alice")  # Its first request: it begins its lease.
+        await place.die()
+        if kind == "stock":
+            assert not await reader.reaches(task_id, FAILED, TIMED_LEASE + TIMED_LEASE / 6)
+            return
+        dead_id = runner.handler._lifecycle.leases.replica_id
+        leases = survivor.handler._lifecycle.leases
+        (last_beat,) = [row.beat for row in await reader.rows(REPLICAS) if row.replica_id == dead_id]
+        # The survivor notes the last beat at its first renewal after it was written.
+        assert await until(lambda: leases._seen.get(dead_id, (None, 0.0))[0] == last_beat, BOUND)
+        noted = leases._seen[dead_id][1]
+        assert await reader.reaches(task_id, FAILED, TIMED_LEASE + BOUND)
+        took = asyncio.get_running_loop().time() - noted
+        assert TIMED_LEASE * 0.95 <= took <= TIMED_LEASE + 0.6 * TIMED_LEASE / 6, took
+        await survivor.handler.aclose()
