@@ -114,6 +114,7 @@ class Leases:
         self._orphans_due = -math.inf  # When the runs of removed replicas are looked for next.
         self._closed = False
         self._writes: set[asyncio.Future[Any]] = set()  # Run rows being inserted or deleted.
+        self._ends: dict[str, asyncio.Future[None]] = {}  # Lapsed runs' ends under way, by task.
 
     # The handler's side.
 
@@ -170,7 +171,7 @@ class Leases:
             timer.cancel()
         if self._registered is None:
             return
-        for pending in [self._registered, self._attempt, self._ending, *self._writes]:
+        for pending in [self._registered, self._attempt, self._ending, *self._writes, *self._ends.values()]:
             await wait_done(pending, deadline)
         # Not cut at the deadline: a statement cut midway can leave its connection stuck.
         if not await wait_done(in_background(self._remove_self()), deadline):
@@ -372,11 +373,13 @@ class Leases:
         then end the tasks of the runs whose replica row is gone."""
         import sqlalchemy as sa
 
-        replicas = self.tables.replicas
+        replicas, bound = self.tables.replicas, self.store.dialect.bound_lock_waits
         try:
             while True:
                 for replica_id, beat in list(self._dead.items()):
                     async with self.store.engine.begin() as connection:
+                        if bound is not None:  # A renewal frozen before its COMMIT holds the row.
+                            await bound(connection, self.period)
                         removed = await connection.execute(
                             sa.delete(replicas).where(
                                 replicas.c.replica_id == replica_id, replicas.c.beat == beat
@@ -392,7 +395,7 @@ class Leases:
                         )
                 self._orphans_due = asyncio.get_running_loop().time() + self.lease_time
                 for task_id, replica_id, owner in await self._orphans():
-                    await self._end(task_id, replica_id, owner)
+                    self._end_soon(task_id, replica_id, owner)
                 if not self._dead:  # Else another lapsed meanwhile: at once, not a renewal on.
                     break
         except Exception:
@@ -400,6 +403,37 @@ class Leases:
             logger.warning(
                 "could not end the tasks of lapsed leases; the next renewal retries", exc_info=True
             )
+
+    def _end_soon(self, task_id: str, replica_id: str, owner: str) -> None:
+        """End a lapsed run's task in a task of its own, unless its end is under way: a row held
+        elsewhere delays its own end only, and the passes go on meanwhile."""
+        if task_id in self._ends or self._closed:
+            return
+        ending = in_background(self._end_retried(task_id, replica_id, owner))
+        self._ends[task_id] = ending
+        ending.add_done_callback(lambda _: self._ends.pop(task_id, None))
+
+    async def _end_retried(self, task_id: str, replica_id: str, owner: str) -> None:
+        """`_end`; one that fails (its task's row held past the bound, the store failing) is
+        rolled back whole, its run row kept: the next renewal's pass tries it again."""
+        try:
+            await self._end(task_id, replica_id, owner)
+        except Exception as error:
+            self._orphans_due = -math.inf
+            if self.store.dialect.lock_unavailable(error):
+                logger.info(
+                    "task %s of lapsed replica %s: its row is held by another transaction; "
+                    "the next renewal retries",
+                    task_id,
+                    replica_id,
+                )
+            else:
+                logger.warning(
+                    "task %s of lapsed replica %s: could not end it; the next renewal retries",
+                    task_id,
+                    replica_id,
+                    exc_info=True,
+                )
 
     async def _orphans(self) -> list[tuple[str, str, str]]:
         """The runs of this store whose replica row is gone, read by the replica ids: a read
@@ -420,7 +454,8 @@ class Leases:
 
     async def _end(self, task_id: str, replica_id: str, owner: str) -> None:
         """End one lapsed run's task, once among the replicas: the one whose delete of the run
-        row takes it writes FAILED, in the same transaction, if the task still runs."""
+        row takes it writes FAILED, in the same transaction, if the task still runs. Its lock
+        waits are bounded (a renewal period: `Dialect.bound_lock_waits`, `Dialect.for_update`)."""
         import sqlalchemy as sa
 
         runs, store = self.tables.runs, self.store
@@ -429,6 +464,8 @@ class Leases:
         outcome = "left"
         try:
             async with store.transaction() as session:
+                if store.dialect.bound_lock_waits is not None:
+                    await store.dialect.bound_lock_waits(session, self.period)
                 claimed = await session.execute(
                     sa.delete(runs).where(
                         runs.c.store == store.table_name,
@@ -439,7 +476,7 @@ class Leases:
                 if claimed.rowcount != 1:
                     outcome = "taken"  # Another replica ended it, or its run came back.
                     return
-                failed = await store.fail(session, task_id, owner, LAPSED)
+                failed = await store.fail(session, task_id, owner, LAPSED, bounded=True)
                 if failed is not None and store.notices is not None:
                     await store.notices.announce_in(session, task_id)
             if failed is None:

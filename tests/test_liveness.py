@@ -1187,3 +1187,66 @@ async def test_a_survivor_judges_a_lapse_on_the_beat_it_noted(
         took = asyncio.get_running_loop().time() - noted
         assert TIMED_LEASE * 0.95 <= took <= TIMED_LEASE + 0.6 * TIMED_LEASE / 6, took
         await survivor.handler.aclose()
+
+
+@pytest_asyncio.fixture(params=["postgresql", "mysql"])
+async def locking_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """A database with row locks (SQLite has none: a writer holds the whole file)."""
+    async with open_database(request.param, tmp_path) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def holding(database: Database, task_id: str) -> AsyncIterator[None]:
+    """The task's row locked by a transaction left open: a runner frozen between its write and
+    its COMMIT. Rolled back on leaving."""
+    engine = database.engine()
+    async with engine.connect() as connection:
+        transaction = await connection.begin()
+        await connection.execute(sa.text("SELECT id FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id})
+        try:
+            yield
+        finally:
+            await transaction.rollback()
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_held_row_delays_only_its_own_tasks_lapsed_end(
+    locking_database: Database, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dies with two runs, one task's row held by a transaction that never commits. The other
+    task ends FAILED within the bound, and so does a task whose lease lapses later; the held one
+    ends once the row is let go, at the next pass. Stock: all three stay WORKING."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    database = locking_database
+    reader = Reader(database)
+    survivor = replica(kind, database.engine())
+    async with elsewhere(database) as place:
+        held = await run_elsewhere(place, await build_elsewhere(place, kind, ScriptedExecutor()))
+        free = await run_elsewhere(place, await build_elsewhere(place, kind, ScriptedExecutor()))
+        for task_id in (held, free):
+            assert await reader.reaches(task_id, WORKING)
+        await survivor.calls.get(held, "alice")  # Its first request: it begins its lease.
+        owners = {row.task_id: row.owner for row in await reader.rows(RUNS)}
+        async with holding(database, held):
+            await place.die()
+            if kind == "stock":
+                assert not await reader.reaches(free, FAILED, ENDED_WITHIN)
+                assert [await reader.state(held), await reader.state(free)] == [WORKING, WORKING]
+                return
+            assert await reader.reaches(free, FAILED, BOUND)
+            # A lapse found later: a run row whose replica row is gone, of a task running.
+            later = await _saved(reader, WORKING)
+            async with reader.engine.begin() as connection:
+                values = {"store": "tasks", "task_id": later, "replica_id": "gone", "owner": owners[held]}
+                await connection.execute(
+                    sa.text(f"INSERT INTO {RUNS} VALUES (:store, :task_id, :replica_id, :owner)"), values
+                )
+            assert await reader.reaches(later, FAILED, LEASE + BOUND)
+            assert await reader.state(held) == WORKING
+        assert await reader.reaches(held, FAILED, BOUND)
+        assert status_text(await reader.task(held)) == LAPSED
+        assert len(lapsed_ends(caplog)) == 3, lapsed_ends(caplog)
+        await survivor.handler.aclose()
