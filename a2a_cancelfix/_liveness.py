@@ -25,7 +25,7 @@ from a2a.types import Task, TaskState, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, in_background, wait_done
-from a2a_cancelfix._databases import Dialect, create_index
+from a2a_cancelfix._lease_tables import GONE_SQL, LeaseTables
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import RequestContext
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("a2a_cancelfix")
 
-REPLICAS = "a2a_cancelfix_replicas"
-RUNS = "a2a_cancelfix_runs"
 LAPSED = "the server process running this task stopped (lease lapsed)"
 
 
@@ -89,7 +87,7 @@ class Leases:
         self.pushes, self.noticed = pushes, noticed
         self.replica_id = _new_id()
         self.fenced = False  # No renewal for half a lease: the runs here are being stopped.
-        self.tables = _Tables(store.dialect)
+        self.tables = LeaseTables(store.dialect)
         self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
@@ -442,7 +440,7 @@ class Leases:
 
         runs = self.tables.runs
         async with self.store.engine.connect() as connection:
-            gone = [replica_id for (replica_id,) in await connection.execute(sa.text(_GONE_SQL))]
+            gone = [replica_id for (replica_id,) in await connection.execute(sa.text(GONE_SQL))]
             if not gone:
                 return []
             rows = await connection.execute(
@@ -625,55 +623,5 @@ class Leases:
             await connection.execute(sa.delete(replicas).where(replicas.c.replica_id == self.replica_id))
 
 
-# The replica ids of the run rows with no replica row: each distinct id found by one step of
-# the index on replica_id (a skip scan), so that no run row is read but an orphan's.
-_GONE_SQL = f"""
-WITH RECURSIVE ids(replica_id) AS (
-    SELECT MIN(replica_id) FROM {RUNS}
-    UNION ALL
-    SELECT (SELECT MIN(replica_id) FROM {RUNS} WHERE replica_id > ids.replica_id)
-    FROM ids WHERE ids.replica_id IS NOT NULL
-)
-SELECT ids.replica_id FROM ids
-WHERE ids.replica_id IS NOT NULL
-AND NOT EXISTS (SELECT 1 FROM {REPLICAS} WHERE {REPLICAS}.replica_id = ids.replica_id)
-"""
-
-
 def _new_id() -> str:
     return uuid.uuid4().hex
-
-
-class _Tables:
-    """Our two tables (SQLAlchemy is there with a2a-sdk's database extras only)."""
-
-    def __init__(self, dialect: Dialect) -> None:
-        import sqlalchemy as sa
-
-        self.dialect = dialect
-        self.metadata = sa.MetaData()
-        self.replicas = sa.Table(
-            REPLICAS,
-            self.metadata,
-            sa.Column("replica_id", sa.String(64), primary_key=True),
-            sa.Column("beat", sa.BigInteger, nullable=False),
-            sa.Column("lease_ms", sa.BigInteger, nullable=False),
-        )
-        self.runs = sa.Table(
-            RUNS,
-            self.metadata,
-            sa.Column("store", sa.String(255), primary_key=True),  # The task table's name.
-            sa.Column("task_id", sa.String(255), primary_key=True),
-            sa.Column("replica_id", sa.String(64), nullable=False, index=True),
-            sa.Column("owner", sa.String(255), nullable=False),
-        )
-
-    def create(self, connection: Any) -> None:
-        """Create what is missing, ``IF NOT EXISTS``: a check first, then a create, is a race
-        another replica's creation can win (SQLite then fails the create)."""
-        import sqlalchemy as sa
-
-        for table in self.metadata.sorted_tables:
-            connection.execute(sa.schema.CreateTable(table, if_not_exists=True))
-            for index in table.indexes:
-                create_index(connection, index, self.dialect)

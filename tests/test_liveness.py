@@ -42,7 +42,8 @@ from sqlalchemy.pool import NullPool
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, _sdk
 from a2a_cancelfix._cancel.settings import Timing
-from a2a_cancelfix._liveness import LAPSED, REPLICAS, RUNS
+from a2a_cancelfix._lease_tables import REPLICAS, RUNS
+from a2a_cancelfix._liveness import LAPSED
 from a2a_cancelfix.testing import (
     Gate,
     ScriptedExecutor,
