@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("a2a_cancelfix")
 
 LAPSED = "the server process running this task stopped (lease lapsed)"
+# Lapsed runs' ends under way at once: a few rows held elsewhere do not hold up the rest, and
+# most of the store's connection pool stays for the requests.
+ENDS_AT_ONCE = 4
 
 
 def lapsed(ended: Task | TaskStatusUpdateEvent) -> bool:
@@ -113,6 +116,7 @@ class Leases:
         self._closed = False
         self._writes: set[asyncio.Future[Any]] = set()  # Run rows being inserted or deleted.
         self._ends: dict[str, asyncio.Future[None]] = {}  # Lapsed runs' ends under way, by task.
+        self._ending_slots = asyncio.Semaphore(ENDS_AT_ONCE)
 
     # The handler's side.
 
@@ -403,8 +407,8 @@ class Leases:
             )
 
     def _end_soon(self, task_id: str, replica_id: str, owner: str) -> None:
-        """End a lapsed run's task in a task of its own, unless its end is under way: a row held
-        elsewhere delays its own end only, and the passes go on meanwhile."""
+        """End a lapsed run's task in a task of its own (`ENDS_AT_ONCE` at a time), unless its
+        end is under way: a row held elsewhere delays its own end only, and the passes go on."""
         if task_id in self._ends or self._closed:
             return
         ending = in_background(self._end_retried(task_id, replica_id, owner))
@@ -415,7 +419,8 @@ class Leases:
         """`_end`; one that fails (its task's row held past the bound, the store failing) is
         rolled back whole, its run row kept: the next renewal's pass tries it again."""
         try:
-            await self._end(task_id, replica_id, owner)
+            async with self._ending_slots:
+                await self._end(task_id, replica_id, owner)
         except Exception as error:
             self._orphans_due = -math.inf
             if self.store.dialect.lock_unavailable(error):
