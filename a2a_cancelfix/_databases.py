@@ -5,6 +5,11 @@ depends on the database. A fourth database is one more `Dialect` in `DIALECTS`.
 
 - SQLite and PostgreSQL: a guarded save is one upsert, ``INSERT ... ON CONFLICT DO UPDATE ...
   WHERE`` the stored row is live ``RETURNING`` its key.
+- Lock waits: a lapsed lease's end (_liveness.py) bounds its own. PostgreSQL: ``SET LOCAL
+  lock_timeout`` for its transaction. MySQL and MariaDB: ``innodb_lock_wait_timeout`` is the
+  session's, not a transaction's, so its locking read of the task row takes ``NOWAIT`` instead.
+  SQLite has no row locks: a writer that holds the file is waited for up to the busy timeout
+  (the ``timeout`` connect argument).
 - MySQL and MariaDB: no ``RETURNING`` on an upsert, and ``ON DUPLICATE KEY UPDATE`` fires the
   table's UPDATE triggers even where it changes nothing. A guarded save is a conditional
   ``UPDATE`` (it matches no ended row, so fires nothing there), else an ``INSERT`` of a new row,
@@ -18,8 +23,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from a2a.types import TaskState
@@ -30,6 +36,8 @@ T = TypeVar("T")
 
 # Writes a row's ``values`` where no row is stored yet, or the stored one matches ``live``; True if written.
 _SaveUnless = Callable[[Any, Any, Mapping[Any, Any], Any], Awaitable[bool]]
+# Bounds every lock wait of the rest of the transaction of a session or connection to ``seconds``.
+_BoundLockWaits = Callable[[Any, float], Awaitable[None]]
 # Inserts a row's ``values``, or overwrites the ``updated`` columns of the row with its key.
 _Upsert = Callable[[Any, Mapping[str, Any], Sequence[str]], Any]
 
@@ -48,6 +56,13 @@ class Dialect:
     index_if_not_exists: bool = True
     # Whether an error says the transaction was rolled back whole as a deadlock's victim.
     deadlocked: Callable[[BaseException], bool] = lambda error: False
+    # How a lapsed lease's end bounds its lock waits (none: SQLite's busy timeout does), and
+    # what its locking read of the task row adds to ``FOR UPDATE`` (``with_for_update``'s
+    # keywords), for a database with no such bound over one transaction.
+    bound_lock_waits: _BoundLockWaits | None = None
+    for_update: Mapping[str, Any] = field(default_factory=dict)
+    # Whether an error says a row lock was not had in time (the bound, or NOWAIT).
+    lock_unavailable: Callable[[BaseException], bool] = lambda error: False
 
 
 # How often a transaction a deadlock rolled back is run again: InnoDB picks a victim at once.
@@ -169,15 +184,42 @@ def _mysql_deadlocked(error: BaseException | None) -> bool:
     return False
 
 
+async def _lock_timeout(session: Any, seconds: float) -> None:
+    """PostgreSQL's ``lock_timeout``, for this transaction only (``SET LOCAL``), in ms."""
+    import sqlalchemy as sa
+
+    await session.execute(sa.text(f"SET LOCAL lock_timeout = {max(1, math.ceil(seconds * 1000))}"))
+
+
+def _postgresql_lock_unavailable(error: BaseException) -> bool:
+    """SQLSTATE 55P03 (lock_not_available): ``lock_timeout``, or ``NOWAIT``."""
+    return getattr(getattr(error, "orig", None), "sqlstate", None) == "55P03"
+
+
+def _mysql_lock_unavailable(error: BaseException) -> bool:
+    """1205 (a lock wait timed out: MariaDB's ``NOWAIT`` too), or MySQL's 3572 (``NOWAIT``)."""
+    return _error_code(error) in (_MYSQL_LOCK_WAIT_TIMEOUT, _MYSQL_LOCK_NOWAIT)
+
+
 _MYSQL = Dialect(
-    _update_else_insert, _on_duplicate_key, index_if_not_exists=False, deadlocked=_mysql_deadlocked
+    _update_else_insert,
+    _on_duplicate_key,
+    index_if_not_exists=False,
+    deadlocked=_mysql_deadlocked,
+    for_update={"nowait": True},
+    lock_unavailable=_mysql_lock_unavailable,
 )
 
 # By SQLAlchemy's dialect name: ``mysql+aiomysql://`` and ``mysql+asyncmy://`` are "mysql",
 # ``mariadb+...://`` is "mariadb"; the SQL is the same.
 DIALECTS: dict[str, Dialect] = {
     "sqlite": Dialect(_upsert_returning("sqlite"), _on_conflict("sqlite"), write_opens_transaction=True),
-    "postgresql": Dialect(_upsert_returning("postgresql"), _on_conflict("postgresql")),
+    "postgresql": Dialect(
+        _upsert_returning("postgresql"),
+        _on_conflict("postgresql"),
+        bound_lock_waits=_lock_timeout,
+        lock_unavailable=_postgresql_lock_unavailable,
+    ),
     "mysql": _MYSQL,
     "mariadb": _MYSQL,
 }
@@ -214,6 +256,8 @@ def create_index(connection: Any, index: Any, dialect: Dialect) -> None:
 
 _MYSQL_DUPLICATE_KEY_NAME = 1061
 _MYSQL_DEADLOCK = 1213
+_MYSQL_LOCK_WAIT_TIMEOUT = 1205
+_MYSQL_LOCK_NOWAIT = 3572
 
 
 def _error_code(error: BaseException) -> int | None:

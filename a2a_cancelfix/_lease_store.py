@@ -90,10 +90,15 @@ class LeaseStore:
         )
         return {task_id: bool(running) for task_id, running in rows}
 
-    async def fail(self, session: Any, task_id: str, owner: str, why: str) -> Task | None:
+    async def fail(
+        self, session: Any, task_id: str, owner: str, why: str, *, bounded: bool = False
+    ) -> Task | None:
         """In ``session``'s transaction, which holds the write lock (SQLite) or locks the rows
-        it reads (PostgreSQL): FAILED, with ``why`` as its status message, over the task if it
-        is stored SUBMITTED or WORKING. The task as written, or None: nothing was.
+        it reads (PostgreSQL, MySQL): FAILED, with ``why`` as its status message, over the task
+        if it is stored SUBMITTED or WORKING. The task as written, or None: nothing was.
+
+        ``bounded``: the locking read takes the database's ``Dialect.for_update`` (MySQL's
+        ``NOWAIT``): a row another transaction holds fails it, for a later pass to retry.
         """
         if self._versioned is not None:
             return await self._fail_versioned(session, task_id, owner, why)
@@ -101,7 +106,9 @@ class LeaseStore:
 
         model, database = self.model, self._database
         kept = await session.scalar(
-            sa.select(model).where(model.id == task_id, model.owner == owner).with_for_update()
+            sa.select(model)
+            .where(model.id == task_id, model.owner == owner)
+            .with_for_update(**(self.dialect.for_update if bounded else {}))
         )
         if kept is None:
             return None

@@ -5,7 +5,8 @@ the store's database: ``a2a_cancelfix_replicas`` (a row per replica, its ``beat`
 ``lease_time / 6``) and ``a2a_cancelfix_runs`` (a row per run of ``execute()``, inserted before
 it starts, deleted once it has returned and the store shows its task no longer running). A
 replica that has seen another's beat unchanged for that one's ``lease_time``, on its own clock,
-takes it for dead: it removes its row, and then ends, once, each task of a run whose replica
+counted from the read that first showed it (a timer set at that read: the registration's read, or
+a renewal's), takes it for dead: it removes its row, and then ends, once, each task of a run whose replica
 row is gone, FAILED if the store shows it SUBMITTED or WORKING. A replica that has not renewed for half its lease stops its own runs (the
 ``lease_lost`` cancel), so that none is still running when another can take it for dead.
 """
@@ -24,7 +25,7 @@ from a2a.types import Task, TaskState, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _telemetry
 from a2a_cancelfix._aio import deadline_in, in_background, wait_done
-from a2a_cancelfix._databases import Dialect, create_index
+from a2a_cancelfix._lease_tables import GONE_SQL, LeaseTables
 
 if TYPE_CHECKING:
     from a2a.server.agent_execution import RequestContext
@@ -34,9 +35,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("a2a_cancelfix")
 
-REPLICAS = "a2a_cancelfix_replicas"
-RUNS = "a2a_cancelfix_runs"
 LAPSED = "the server process running this task stopped (lease lapsed)"
+# Lapsed runs' ends under way at once: a few rows held elsewhere do not hold up the rest, and
+# most of the store's connection pool stays for the requests.
+ENDS_AT_ONCE = 4
 
 
 def lapsed(ended: Task | TaskStatusUpdateEvent) -> bool:
@@ -88,7 +90,7 @@ class Leases:
         self.pushes, self.noticed = pushes, noticed
         self.replica_id = _new_id()
         self.fenced = False  # No renewal for half a lease: the runs here are being stopped.
-        self.tables = _Tables(store.dialect)
+        self.tables = LeaseTables(store.dialect)
         self._tables_ready = False
         # The runs here: task id -> (the owner the store files it under, its context id).
         self._runs: dict[str, tuple[str, str]] = {}
@@ -105,12 +107,16 @@ class Leases:
         self._attempt: asyncio.Future[None] | None = None
         self._ending: asyncio.Future[None] | None = None
         self._fence: asyncio.TimerHandle | None = None
-        # Each other replica's beat, with when it was first seen at that value (this clock).
+        # Each other replica's beat, with when it was first seen at that value (this clock),
+        # and the timer that judges it once that beat's lease has run out.
         self._seen: dict[str, tuple[int, float]] = {}
+        self._lapses: dict[str, asyncio.TimerHandle] = {}
         self._dead: dict[str, int] = {}  # Replicas taken for dead, their last beat: to remove.
         self._orphans_due = -math.inf  # When the runs of removed replicas are looked for next.
         self._closed = False
         self._writes: set[asyncio.Future[Any]] = set()  # Run rows being inserted or deleted.
+        self._ends: dict[str, asyncio.Future[None]] = {}  # Lapsed runs' ends under way, by task.
+        self._ending_slots = asyncio.Semaphore(ENDS_AT_ONCE)
 
     # The handler's side.
 
@@ -163,9 +169,11 @@ class Leases:
             self._renewing.cancel()  # Between two attempts: those under way are left to end.
         if self._fence is not None:
             self._fence.cancel()
+        for timer in self._lapses.values():
+            timer.cancel()
         if self._registered is None:
             return
-        for pending in [self._registered, self._attempt, self._ending, *self._writes]:
+        for pending in [self._registered, self._attempt, self._ending, *self._writes, *self._ends.values()]:
             await wait_done(pending, deadline)
         # Not cut at the deadline: a statement cut midway can leave its connection stuck.
         if not await wait_done(in_background(self._remove_self()), deadline):
@@ -187,8 +195,10 @@ class Leases:
                 await self._end_every_running()
             async with self.store.engine.begin() as connection:
                 await self._insert_self(connection)
+                rows = await self._beats(connection)  # The others' beats: watched from now.
             self._listed = True
             self._renewed(sent)
+            self._judge(rows, sent, asyncio.get_running_loop().time())
         except Exception:
             logger.warning("could not register this replica's lease; renewing retries it", exc_info=True)
         finally:
@@ -275,14 +285,19 @@ class Leases:
             await self._insert_runs(connection, self._runs if updated.rowcount == 0 else attempted)
             if self._returned:
                 await self._forget_returned(connection, asyncio.get_running_loop().time() - self.period)
-            rows = list(
-                await connection.execute(
-                    sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms)
-                )
-            )
+            rows = await self._beats(connection)
         self._listed = True
         self._unleased -= attempted  # Committed: each is leased, or its run has returned.
         return rows
+
+    async def _beats(self, connection: Any) -> list[Any]:
+        """Every replica's id, beat and lease (ms)."""
+        import sqlalchemy as sa
+
+        replicas = self.tables.replicas
+        return list(
+            await connection.execute(sa.select(replicas.c.replica_id, replicas.c.beat, replicas.c.lease_ms))
+        )
 
     def _renewed(self, sent: float) -> None:
         """A renewal sent at ``sent`` succeeded: the runs here are safe until half a lease from then."""
@@ -311,11 +326,13 @@ class Leases:
     # The others' leases.
 
     def _judge(self, rows: list[Any], sent: float, read: float) -> None:
-        """Take for dead each replica whose beat this one has seen unchanged for its lease.
-
-        Seen from ``read``, the end of the read that first showed the value; judged at ``sent``,
-        the start of this one: whatever renewal it made was sent before the first read.
+        """Note each other replica's beat, and set a timer at the end of its lease for each new
+        one: a replica whose beat this one has seen unchanged for its lease is taken for dead
+        then (`_lapse`), not at a renewal after. Seen from ``read``, the end of the read that
+        first showed the value: whatever renewal made it was sent before. A pass also comes
+        for the replicas gone meanwhile (their runs may be left), and every ``lease_time``.
         """
+        loop = asyncio.get_running_loop()
         present = set()
         for replica_id, beat, lease_ms in rows:
             present.add(replica_id)
@@ -324,13 +341,33 @@ class Leases:
             seen = self._seen.get(replica_id)
             if seen is None or seen[0] != beat:
                 self._seen[replica_id] = beat, read
-            elif sent - seen[1] >= lease_ms / 1000:
-                self._dead[replica_id] = beat
+                self._unwatch(replica_id)
+                self._lapses[replica_id] = loop.call_at(read + lease_ms / 1000, self._lapse, replica_id)
         gone = self._seen.keys() - present
         for replica_id in gone:
             del self._seen[replica_id]
-        due = self._dead or gone or sent >= self._orphans_due
-        if due and (self._ending is None or self._ending.done()):
+            self._unwatch(replica_id)
+        if gone or sent >= self._orphans_due:
+            self._pass()
+
+    def _lapse(self, replica_id: str) -> None:
+        """The lease of the beat last seen of ``replica_id`` ran out unrenewed: it is dead
+        (its row goes only if that beat is still the stored one)."""
+        self._lapses.pop(replica_id, None)
+        seen = self._seen.get(replica_id)
+        if seen is None or self._closed:
+            return
+        self._dead[replica_id] = seen[0]
+        self._pass()
+
+    def _unwatch(self, replica_id: str) -> None:
+        timer = self._lapses.pop(replica_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _pass(self) -> None:
+        """A pass over the lapsed leases, unless one is under way (it looks again at its end)."""
+        if self._ending is None or self._ending.done():
             self._ending = in_background(self._end_lapsed())
 
     async def _end_lapsed(self) -> None:
@@ -338,29 +375,68 @@ class Leases:
         then end the tasks of the runs whose replica row is gone."""
         import sqlalchemy as sa
 
-        replicas = self.tables.replicas
+        replicas, bound = self.tables.replicas, self.store.dialect.bound_lock_waits
         try:
-            for replica_id, beat in list(self._dead.items()):
-                async with self.store.engine.begin() as connection:
-                    removed = await connection.execute(
-                        sa.delete(replicas).where(
-                            replicas.c.replica_id == replica_id, replicas.c.beat == beat
+            while True:
+                for replica_id, beat in list(self._dead.items()):
+                    async with self.store.engine.begin() as connection:
+                        if bound is not None:  # A renewal frozen before its COMMIT holds the row.
+                            await bound(connection, self.period)
+                        removed = await connection.execute(
+                            sa.delete(replicas).where(
+                                replicas.c.replica_id == replica_id, replicas.c.beat == beat
+                            )
                         )
-                    )
-                del self._dead[replica_id]
-                self._seen.pop(replica_id, None)
-                if removed.rowcount:
-                    logger.warning(
-                        "replica %s has not renewed its lease for its lease_time: its tasks are ended",
-                        replica_id,
-                    )
-            self._orphans_due = asyncio.get_running_loop().time() + self.lease_time
-            for task_id, replica_id, owner in await self._orphans():
-                await self._end(task_id, replica_id, owner)
+                    del self._dead[replica_id]
+                    self._seen.pop(replica_id, None)
+                    self._unwatch(replica_id)
+                    if removed.rowcount:
+                        logger.warning(
+                            "replica %s has not renewed its lease for its lease_time: its tasks are ended",
+                            replica_id,
+                        )
+                self._orphans_due = asyncio.get_running_loop().time() + self.lease_time
+                for task_id, replica_id, owner in await self._orphans():
+                    self._end_soon(task_id, replica_id, owner)
+                if not self._dead:  # Else another lapsed meanwhile: at once, not a renewal on.
+                    break
         except Exception:
+            self._orphans_due = -math.inf
             logger.warning(
                 "could not end the tasks of lapsed leases; the next renewal retries", exc_info=True
             )
+
+    def _end_soon(self, task_id: str, replica_id: str, owner: str) -> None:
+        """End a lapsed run's task in a task of its own (`ENDS_AT_ONCE` at a time), unless its
+        end is under way: a row held elsewhere delays its own end only, and the passes go on."""
+        if task_id in self._ends or self._closed:
+            return
+        ending = in_background(self._end_retried(task_id, replica_id, owner))
+        self._ends[task_id] = ending
+        ending.add_done_callback(lambda _: self._ends.pop(task_id, None))
+
+    async def _end_retried(self, task_id: str, replica_id: str, owner: str) -> None:
+        """`_end`; one that fails (its task's row held past the bound, the store failing) is
+        rolled back whole, its run row kept: the next renewal's pass tries it again."""
+        try:
+            async with self._ending_slots:
+                await self._end(task_id, replica_id, owner)
+        except Exception as error:
+            self._orphans_due = -math.inf
+            if self.store.dialect.lock_unavailable(error):
+                logger.info(
+                    "task %s of lapsed replica %s: its row is held by another transaction; "
+                    "the next renewal retries",
+                    task_id,
+                    replica_id,
+                )
+            else:
+                logger.warning(
+                    "task %s of lapsed replica %s: could not end it; the next renewal retries",
+                    task_id,
+                    replica_id,
+                    exc_info=True,
+                )
 
     async def _orphans(self) -> list[tuple[str, str, str]]:
         """The runs of this store whose replica row is gone, read by the replica ids: a read
@@ -369,7 +445,7 @@ class Leases:
 
         runs = self.tables.runs
         async with self.store.engine.connect() as connection:
-            gone = [replica_id for (replica_id,) in await connection.execute(sa.text(_GONE_SQL))]
+            gone = [replica_id for (replica_id,) in await connection.execute(sa.text(GONE_SQL))]
             if not gone:
                 return []
             rows = await connection.execute(
@@ -381,7 +457,8 @@ class Leases:
 
     async def _end(self, task_id: str, replica_id: str, owner: str) -> None:
         """End one lapsed run's task, once among the replicas: the one whose delete of the run
-        row takes it writes FAILED, in the same transaction, if the task still runs."""
+        row takes it writes FAILED, in the same transaction, if the task still runs. Its lock
+        waits are bounded (a renewal period: `Dialect.bound_lock_waits`, `Dialect.for_update`)."""
         import sqlalchemy as sa
 
         runs, store = self.tables.runs, self.store
@@ -390,6 +467,8 @@ class Leases:
         outcome = "left"
         try:
             async with store.transaction() as session:
+                if store.dialect.bound_lock_waits is not None:
+                    await store.dialect.bound_lock_waits(session, self.period)
                 claimed = await session.execute(
                     sa.delete(runs).where(
                         runs.c.store == store.table_name,
@@ -400,7 +479,7 @@ class Leases:
                 if claimed.rowcount != 1:
                     outcome = "taken"  # Another replica ended it, or its run came back.
                     return
-                failed = await store.fail(session, task_id, owner, LAPSED)
+                failed = await store.fail(session, task_id, owner, LAPSED, bounded=True)
                 if failed is not None and store.notices is not None:
                     await store.notices.announce_in(session, task_id)
             if failed is None:
@@ -549,55 +628,5 @@ class Leases:
             await connection.execute(sa.delete(replicas).where(replicas.c.replica_id == self.replica_id))
 
 
-# The replica ids of the run rows with no replica row: each distinct id found by one step of
-# the index on replica_id (a skip scan), so that no run row is read but an orphan's.
-_GONE_SQL = f"""
-WITH RECURSIVE ids(replica_id) AS (
-    SELECT MIN(replica_id) FROM {RUNS}
-    UNION ALL
-    SELECT (SELECT MIN(replica_id) FROM {RUNS} WHERE replica_id > ids.replica_id)
-    FROM ids WHERE ids.replica_id IS NOT NULL
-)
-SELECT ids.replica_id FROM ids
-WHERE ids.replica_id IS NOT NULL
-AND NOT EXISTS (SELECT 1 FROM {REPLICAS} WHERE {REPLICAS}.replica_id = ids.replica_id)
-"""
-
-
 def _new_id() -> str:
     return uuid.uuid4().hex
-
-
-class _Tables:
-    """Our two tables (SQLAlchemy is there with a2a-sdk's database extras only)."""
-
-    def __init__(self, dialect: Dialect) -> None:
-        import sqlalchemy as sa
-
-        self.dialect = dialect
-        self.metadata = sa.MetaData()
-        self.replicas = sa.Table(
-            REPLICAS,
-            self.metadata,
-            sa.Column("replica_id", sa.String(64), primary_key=True),
-            sa.Column("beat", sa.BigInteger, nullable=False),
-            sa.Column("lease_ms", sa.BigInteger, nullable=False),
-        )
-        self.runs = sa.Table(
-            RUNS,
-            self.metadata,
-            sa.Column("store", sa.String(255), primary_key=True),  # The task table's name.
-            sa.Column("task_id", sa.String(255), primary_key=True),
-            sa.Column("replica_id", sa.String(64), nullable=False, index=True),
-            sa.Column("owner", sa.String(255), nullable=False),
-        )
-
-    def create(self, connection: Any) -> None:
-        """Create what is missing, ``IF NOT EXISTS``: a check first, then a create, is a race
-        another replica's creation can win (SQLite then fails the create)."""
-        import sqlalchemy as sa
-
-        for table in self.metadata.sorted_tables:
-            connection.execute(sa.schema.CreateTable(table, if_not_exists=True))
-            for index in table.indexes:
-                create_index(connection, index, self.dialect)

@@ -42,7 +42,8 @@ from sqlalchemy.pool import NullPool
 
 from a2a_cancelfix import DefaultRequestHandler, FinalStateTaskStore, _sdk
 from a2a_cancelfix._cancel.settings import Timing
-from a2a_cancelfix._liveness import LAPSED, REPLICAS, RUNS
+from a2a_cancelfix._lease_tables import REPLICAS, RUNS
+from a2a_cancelfix._liveness import LAPSED
 from a2a_cancelfix.testing import (
     Gate,
     ScriptedExecutor,
@@ -1142,3 +1143,129 @@ async def test_a_run_that_starts_while_its_replica_cannot_renew_is_cancelled_at_
     assert await second.ended() and second.last == "CANCELED", second.events
     cut.on = False
     await runner.handler.aclose()
+
+
+# --- Lapses judged in time, and ended each on its own ---------------------------------------------
+
+# Long enough that a renewal (a sixth) late stands out of what a loaded machine adds to a write.
+TIMED_LEASE = 6.0
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_restarted_replica_ends_its_predecessors_tasks_one_lease_after_its_start(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """Without ``sole_replica``: the restarted process reads the others' beats as it registers,
+    and ends its predecessor's leased task one ``lease_time`` after its start (plus the write),
+    not a renewal or two later. Stock: the task stays WORKING."""
+    async with elsewhere(database) as place:
+        previous = await build_elsewhere(place, "ours", ScriptedExecutor(), lease_time=TIMED_LEASE)
+        task_id = await run_elsewhere(place, previous)
+        assert await reader.reaches(task_id, WORKING)
+        await place.die()
+        restarted = await _outside_a_loop(kind, database.engine(), lease_time=TIMED_LEASE)
+        started = time.monotonic()
+        async with _entered(restarted):
+            if kind == "stock":
+                assert not await reader.reaches(task_id, FAILED, TIMED_LEASE + TIMED_LEASE / 6)
+                assert await reader.state(task_id) == WORKING
+                return
+            assert await reader.reaches(task_id, FAILED, TIMED_LEASE + BOUND)
+            took = time.monotonic() - started
+            assert TIMED_LEASE * 0.95 <= took <= TIMED_LEASE + 0.9 * TIMED_LEASE / 6, took
+            assert status_text(await reader.task(task_id)) == LAPSED
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_survivor_judges_a_lapse_on_the_beat_it_noted(
+    database: Database, reader: Reader, kind: str
+) -> None:
+    """A survivor ends a dead replica's task one ``lease_time`` after it first read that
+    replica's last beat (plus the write), not at a renewal after that. Stock: WORKING stays."""
+    survivor = replica(kind, database.engine(), lease_time=TIMED_LEASE)
+    async with elsewhere(database) as place:
+        runner = await build_elsewhere(place, kind, ScriptedExecutor(), lease_time=TIMED_LEASE)
+        task_id = await run_elsewhere(place, runner)
+        assert await reader.reaches(task_id, WORKING)
+        await survivor.calls.get(task_id, "alice")  # Its first request: it begins its lease.
+        await place.die()
+        if kind == "stock":
+            assert not await reader.reaches(task_id, FAILED, TIMED_LEASE + TIMED_LEASE / 6)
+            return
+        dead_id = runner.handler._lifecycle.leases.replica_id
+        leases = survivor.handler._lifecycle.leases
+        (last_beat,) = [row.beat for row in await reader.rows(REPLICAS) if row.replica_id == dead_id]
+        # The survivor notes the last beat at its first renewal after it was written.
+        assert await until(lambda: leases._seen.get(dead_id, (None, 0.0))[0] == last_beat, BOUND)
+        noted = leases._seen[dead_id][1]
+        assert await reader.reaches(task_id, FAILED, TIMED_LEASE + BOUND)
+        took = asyncio.get_running_loop().time() - noted
+        assert TIMED_LEASE * 0.95 <= took <= TIMED_LEASE + 0.6 * TIMED_LEASE / 6, took
+        await survivor.handler.aclose()
+
+
+@pytest_asyncio.fixture(params=["postgresql", "mysql"])
+async def locking_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """A database with row locks (SQLite has none: a writer holds the whole file)."""
+    async with open_database(request.param, tmp_path) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def holding(database: Database, task_id: str) -> AsyncIterator[None]:
+    """The task's row locked by a transaction left open: a runner frozen between its write and
+    its COMMIT. Rolled back on leaving."""
+    engine = database.engine()
+    async with engine.connect() as connection:
+        transaction = await connection.begin()
+        await connection.execute(sa.text("SELECT id FROM tasks WHERE id = :id FOR UPDATE"), {"id": task_id})
+        try:
+            yield
+        finally:
+            await transaction.rollback()
+
+
+@pytest.mark.edges_only  # Our SQL and timers, the same on every release (see noxfile.py).
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+@pytest.mark.asyncio
+async def test_a_held_row_delays_only_its_own_tasks_lapsed_end(
+    locking_database: Database, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dies with two runs, one task's row held by a transaction that never commits. The other
+    task ends FAILED within the bound, and so does a task whose lease lapses later; the held one
+    ends once the row is let go, at the next pass. Stock: all three stay WORKING."""
+    caplog.set_level(logging.INFO, "a2a_cancelfix")
+    database = locking_database
+    reader = Reader(database)
+    survivor = replica(kind, database.engine())
+    async with elsewhere(database) as place:
+        held = await run_elsewhere(place, await build_elsewhere(place, kind, ScriptedExecutor()))
+        free = await run_elsewhere(place, await build_elsewhere(place, kind, ScriptedExecutor()))
+        for task_id in (held, free):
+            assert await reader.reaches(task_id, WORKING)
+        await survivor.calls.get(held, "alice")  # Its first request: it begins its lease.
+        owners = {row.task_id: row.owner for row in await reader.rows(RUNS)}
+        async with holding(database, held):
+            await place.die()
+            if kind == "stock":
+                assert not await reader.reaches(free, FAILED, ENDED_WITHIN)
+                assert [await reader.state(held), await reader.state(free)] == [WORKING, WORKING]
+                return
+            assert await reader.reaches(free, FAILED, BOUND)
+            # A lapse found later: a run row whose replica row is gone, of a task running.
+            later = await _saved(reader, WORKING)
+            async with reader.engine.begin() as connection:
+                values = {"store": "tasks", "task_id": later, "replica_id": "gone", "owner": owners[held]}
+                await connection.execute(
+                    sa.text(f"INSERT INTO {RUNS} VALUES (:store, :task_id, :replica_id, :owner)"), values
+                )
+            assert await reader.reaches(later, FAILED, LEASE + BOUND)
+            assert await reader.state(held) == WORKING
+        assert await reader.reaches(held, FAILED, BOUND)
+        assert status_text(await reader.task(held)) == LAPSED
+        assert len(lapsed_ends(caplog)) == 3, lapsed_ends(caplog)
+        await survivor.handler.aclose()

@@ -523,7 +523,7 @@ async def _a_dead_replicas_task(reader: Any, lease: float) -> str:
     import sqlalchemy as sa
     from a2a.types import Task, TaskState, TaskStatus
 
-    from a2a_cancelfix._liveness import REPLICAS, RUNS
+    from a2a_cancelfix._lease_tables import REPLICAS, RUNS
     from a2a_cancelfix.testing import caller
 
     task_id = uuid.uuid4().hex
@@ -545,6 +545,7 @@ async def _a_dead_replicas_task(reader: Any, lease: float) -> str:
 
 
 def _lease_tables() -> Any:
-    from a2a_cancelfix._liveness import _Tables
+    from a2a_cancelfix._databases import DIALECTS
+    from a2a_cancelfix._lease_tables import LeaseTables
 
-    return _Tables().metadata
+    return LeaseTables(DIALECTS["sqlite"]).metadata
