@@ -34,6 +34,7 @@ from a2a_cancelfix.testing import (
     wait_all_tasks_blocked,
     within,
 )
+from a2a_cancelfix.testing.waits import eventually
 
 from . import expected
 from .own_stores import CasDictStore, CasSqlStore, DictStore, SqlStore
@@ -294,3 +295,40 @@ async def test_a_cancel_on_another_replica_stops_the_run(own: Backend) -> None:
     assert await within(stream.ended()) and stream.last == "CANCELED"
     assert await within(stored(a, task_id)) == "CANCELED"
     await closed(a, b)
+
+
+class FailingReads(DictStore):
+    """A store of one's own whose reads fail while ``failing`` (a blip), its saves landing."""
+
+    failing = False
+
+    async def get(self, task_id: str, context: Any) -> Task | None:
+        if self.failing:
+            raise ConnectionError("the store's read failed")
+        return await super().get(task_id, context)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["stock", "ours"])
+async def test_a_read_that_fails_does_not_fail_the_save_it_guards(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without save_unless_final, ours reads a task before each save of it; a read that fails
+    then (the store's blip) does not fail the save, which stock makes without reading: the run's
+    COMPLETED is stored under ours as under stock, and ours says it saved it unchecked."""
+    store = FailingReads()
+    server = make_server(kind, ScriptedExecutor(), store=store)
+    sent = await start(server)
+    task_id = server.executor.task_id or ""
+    store.failing = True
+    server.executor.step.open()
+    await within(sent.ended())
+    store.failing = False
+    assert sent.last == "COMPLETED"
+    await eventually(lambda: _stored_is(server, task_id, "COMPLETED"))
+    unchecked = [r for r in caplog.records if "saved unchecked" in r.getMessage()]
+    assert bool(unchecked) == (kind == "ours")
+
+
+async def _stored_is(server: Any, task_id: str, state: str) -> bool:
+    return await stored(server, task_id) == state
