@@ -447,8 +447,12 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         event: Any = None
         lifecycle.message_taken()  # In the turn of the check: a shutdown begun later waits for it.
         self._open.sender_opened()
+        taken = True  # Until its first event: by then its run is one the shutdown waits for.
         try:
             async for event in events:
+                if taken:
+                    taken = False
+                    lifecycle.message_answered()
                 # _sdk.terminal_state(), inline: every event of every stream comes through here.
                 if type(event) in STATUS_EVENTS and (state := event.status.state) in TERMINAL_STATES:
                     break
@@ -486,7 +490,8 @@ class DefaultRequestHandler(DefaultRequestHandlerV2):
         except Exception as error:
             raise_for(params.message.task_id, error)
         finally:
-            lifecycle.message_answered()
+            if taken:
+                lifecycle.message_answered()
             self._open.sender_closed()
             if watchers is not None and observer is not None:
                 watchers.close(observer)
