@@ -68,3 +68,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "frameworks: needs the frameworks `nox -s frameworks` installs (that session runs them)",
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test's MariaDB case runs on the edges only: what it adds to the same test's SQLite and
+    PostgreSQL cases, on every release, is our own SQL of `_databases.py` (noxfile.py)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "mysql" in callspec.params.values():
+            item.add_marker(pytest.mark.edges_only)
