@@ -124,8 +124,31 @@ def working(thread: threading.Thread) -> bool:
         # Between two items, unless one is queued for it and it has not woken to take it, or it
         # has taken one and not yet begun it (_worker holds it in a local until it is done).
         queued = _work_queue(thread)
-        return (queued is not None and not queued.empty()) or "work_item" in frame.f_locals
+        if (queued is not None and not queued.empty()) or "work_item" in frame.f_locals:
+            return True
+        return _handed_work(thread)
     return where not in _IDLE_AT
+
+
+def _handed_work(thread: threading.Thread) -> bool:
+    """Whether work was handed to one of the idle-looking workers of ``thread``'s pool.
+
+    From Python 3.13 a SimpleQueue hands an item straight to a worker waiting in its ``get``:
+    the queue shows nothing and the worker has not yet named it. ``submit`` takes one of the
+    pool's idle counts (``_idle_semaphore``) as it gives work to a waiting worker: more workers
+    waiting than idle counts left means one of them has work."""
+    pool = thread._args[0]() if getattr(thread, "_args", None) else None  # type: ignore[attr-defined]
+    idle = getattr(getattr(pool, "_idle_semaphore", None), "_value", None)
+    if idle is None:
+        return False
+    waiting = 0
+    for worker in list(getattr(pool, "_threads", ())):
+        frame = frame_of(worker)
+        while frame is not None and frame.f_globals.get("__name__") == "threading":
+            frame = frame.f_back
+        at = None if frame is None else (frame.f_globals.get("__name__"), frame.f_code.co_name)
+        waiting += at == _POOLS_IDLE_AT and "work_item" not in frame.f_locals
+    return waiting > idle
 
 
 def join(
