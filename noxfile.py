@@ -229,10 +229,11 @@ def tests(session: nox.Session, sdk: str) -> None:
     # timers, grace periods), so two kept the cores half idle. On an idle machine a middle
     # release took 102 s with two, 59 s with four, 56 s with six (at a fifth more CPU). The
     # edges' own tests wait far more (leases run out, processes are killed and restarted): six
-    # there, 1.0.0 took 143 s against 257 s with four; with their MariaDB cases, 254 s with six,
-    # so eight. On a machine busy with other work (load 8-11), three or four starved the
-    # scenarios' 2.5 s bounds: `-- -n 2` there.
-    workers = "--numprocesses=8" if sdk in EDGES and not on_313 else "--numprocesses=4"
+    # there, 1.0.0 took 143 s against 257 s with four; with their MariaDB cases, 254 s with six
+    # and 238 s with eight, where a replica's run then took over 10 s to start: six. On a
+    # machine busy with other work (load 8-11), three or four starved the scenarios' 2.5 s
+    # bounds: `-- -n 2` there.
+    workers = "--numprocesses=6" if sdk in EDGES and not on_313 else "--numprocesses=4"
     # With bytecode written (PYTHONDONTWRITEBYTECODE is set on some CI images), every worker and
     # every interpreter a test starts would compile the package, the tests and the SDK anew.
     run = ("pytest", *selection)
