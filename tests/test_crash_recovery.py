@@ -81,10 +81,9 @@ KILLED = [
     pytest.param("postgresql", "stock", None, id="postgresql-stock"),
     pytest.param("postgresql", "ours", "postgres", id="postgresql-ours-notify"),
     pytest.param("postgresql", "ours", REDIS, id="postgresql-ours-redis"),
-    # MariaDB has no NOTIFY: its replicas hear Redis, or poll.
+    # MariaDB has no NOTIFY: its replicas hear Redis (their polling: test_replicas.py, test_cluster.py).
     pytest.param("mysql", "stock", None, id="mysql-stock"),
     pytest.param("mysql", "ours", REDIS, id="mysql-ours-redis"),
-    pytest.param("mysql", "ours", None, id="mysql-ours-polling"),
 ]
 
 
