@@ -28,8 +28,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import TaskState
 
+from a2a_cancelfix import _sdk
 from a2a_cancelfix._sdk import state_name
 
 T = TypeVar("T")
@@ -228,6 +230,16 @@ DIALECTS: dict[str, Dialect] = {
 def known(engine: Any) -> bool:
     """Whether ``engine``'s database has an entry here."""
     return engine.dialect.name in DIALECTS
+
+
+def engine_of(store: Any) -> Any | None:
+    """The engine ``store`` writes with: a ``DatabaseTaskStore``'s (a subclass's too) or, on
+    a2a-sdk 1.2+, a ``VersionedDatabaseTaskStore``'s; None for any other store."""
+    if isinstance(store, DatabaseTaskStore):
+        return _sdk.database_engine(store)
+    if _sdk.is_versioned_database_store(store):
+        return _sdk.versioned_engine(store)
+    return None
 
 
 def dialect_of(engine: Any, what: str) -> Dialect:

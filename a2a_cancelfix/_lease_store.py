@@ -8,7 +8,6 @@ from collections.abc import Collection
 from typing import Any
 
 from a2a.server.context import ServerCallContext
-from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 
 from a2a_cancelfix import _databases, _sdk
@@ -46,14 +45,8 @@ class LeaseStore:
         store on a database with an entry in `_databases`."""
         if not isinstance(store, FinalStateTaskStore):
             return None
-        wrapped = store.wrapped
-        if isinstance(wrapped, DatabaseTaskStore):
-            engine = _sdk.database_engine(wrapped)
-        elif _sdk.is_versioned_database_store(wrapped):
-            engine = _sdk.versioned_engine(wrapped)
-        else:
-            return None
-        return cls(store) if _databases.known(engine) else None
+        engine = _databases.engine_of(store.wrapped)
+        return cls(store) if engine is not None and _databases.known(engine) else None
 
     def owner(self, context: ServerCallContext) -> str:
         return _sdk.database_owner(self._database, context)

@@ -232,10 +232,8 @@ def guardable(store: Any) -> bool:
     one with a ``save_unless_final``."""
     if type(store) is InMemoryTaskStore:
         return True
-    if type(store) is DatabaseTaskStore:
-        return _databases.known(_sdk.database_engine(store))
-    if _sdk.is_versioned_database_store(store):
-        return _databases.known(_sdk.versioned_engine(store))
+    if type(store) is DatabaseTaskStore or _sdk.is_versioned_database_store(store):
+        return _databases.known(_databases.engine_of(store))
     return _save_unless_final_of(store) is not None
 
 
